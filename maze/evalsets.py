@@ -1,0 +1,188 @@
+"""Frozen evaluation suites and a training sampler that never yields an evaluation maze.
+
+The suites live in ``maze/data/eval_sets.json`` as text grids with content hashes, so they do
+not drift when generator code changes. ``python -m maze --freeze`` rewrites that file
+from ``SUITE_SPECS`` (only do this on purpose: it changes every reported number).
+
+``fixed64`` is the reference protocol: 64 ``maze_easy`` (9x9) Wilson mazes from seeds 0-63,
+start top-left, goal bottom-right. The other suites are held out from training: other sizes,
+each generator, braided mazes (several routes, so loops are possible) and random placement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from maze.core import GENERATORS, Maze, generate_maze
+
+DATA_FILE = Path(__file__).parent / "data" / "eval_sets.json"
+
+# name -> (description, generate_maze kwargs, number of mazes)
+SUITE_SPECS: dict[str, tuple[str, dict, int]] = {
+    "fixed64": ("the reference set: 64 maze_easy 9x9 Wilson mazes, seeds 0-63, corner placement",
+                dict(size=9, generator="wilson"), 64),
+    "size7": ("smaller than trained: 7x7 Wilson, corners", dict(size=7, generator="wilson"), 32),
+    "size11": ("maze_hard: 11x11 Wilson, corners", dict(size=11, generator="wilson"), 32),
+    "size13": ("larger than trained: 13x13 Wilson, corners", dict(size=13, generator="wilson"), 32),
+    "size15": ("larger than trained: 15x15 Wilson, corners", dict(size=15, generator="wilson"), 32),
+    "gen_backtracker": ("9x9 recursive backtracker (long corridors)",
+                        dict(size=9, generator="backtracker"), 32),
+    "gen_prim": ("9x9 randomised Prim (many short dead ends)", dict(size=9, generator="prim"), 32),
+    "gen_kruskal": ("9x9 randomised Kruskal", dict(size=9, generator="kruskal"), 32),
+    "braided": ("9x9 Wilson with half the dead ends opened (loops possible)",
+                dict(size=9, generator="wilson", braid=0.5), 32),
+    "random_placement": ("9x9 Wilson, start and goal random rooms at BFS distance >= 9",
+                         dict(size=9, generator="wilson", placement="random", min_distance=9), 32),
+}
+SUITE_SEED_BASE = {"fixed64": 0}  # other suites start at seed 0 too, deduplicated across suites
+
+
+@dataclass(frozen=True)
+class EvalSuite:
+    name: str
+    description: str
+    mazes: tuple[Maze, ...]
+
+    def __len__(self) -> int:
+        return len(self.mazes)
+
+
+def _build_suites() -> dict[str, list[Maze]]:
+    seen: set[str] = set()
+    suites = {}
+    for name, (_, kwargs, count) in SUITE_SPECS.items():
+        mazes, seed = [], SUITE_SEED_BASE.get(name, 0)
+        while len(mazes) < count:
+            maze = generate_maze(seed=seed, **kwargs)
+            seed += 1
+            if maze.content_hash in seen:
+                if name == "fixed64":
+                    raise AssertionError("fixed64 must be exactly seeds 0-63")
+                continue
+            seen.add(maze.content_hash)
+            mazes.append(maze)
+        suites[name] = mazes
+    return suites
+
+
+def freeze(path: Path = DATA_FILE) -> None:
+    """Write every suite to ``path`` (text grids + hashes)."""
+    out = {"version": 1, "suites": {}}
+    for name, mazes in _build_suites().items():
+        out["suites"][name] = {
+            "description": SUITE_SPECS[name][0],
+            "mazes": [{"rows": m.to_rows(), "seed": m.seed, "generator": m.generator,
+                       "braid": m.braid, "placement": m.placement, "hash": m.content_hash}
+                      for m in mazes],
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+@cache
+def _load_file(path: str) -> dict[str, EvalSuite]:
+    raw = json.loads(Path(path).read_text())
+    suites = {}
+    for name, entry in raw["suites"].items():
+        mazes = []
+        for rec in entry["mazes"]:
+            maze = Maze.from_rows(rec["rows"], rec["seed"], rec["generator"], rec["braid"],
+                                  rec["placement"])
+            if maze.content_hash != rec["hash"]:
+                raise ValueError(f"eval suite {name!r} in {path} is corrupt: maze seed {rec['seed']} "
+                                 f"hashes to {maze.content_hash}, file says {rec['hash']}")
+            mazes.append(maze)
+        suites[name] = EvalSuite(name, entry["description"], tuple(mazes))
+    return suites
+
+
+def suite_names() -> list[str]:
+    return list(_load_file(str(DATA_FILE)))
+
+
+def load_suite(name: str) -> EvalSuite:
+    suites = _load_file(str(DATA_FILE))
+    if name not in suites:
+        raise KeyError(f"unknown eval suite {name!r}; available: {', '.join(suites)}")
+    return suites[name]
+
+
+def eval_hashes() -> frozenset[str]:
+    """Content hashes of every maze in every frozen suite."""
+    return frozenset(m.content_hash for s in _load_file(str(DATA_FILE)).values() for m in s.mazes)
+
+
+class TrainSampler:
+    """Deterministic stream of training mazes that skips every maze found in an eval suite.
+
+    Its whole state is ``position`` (the number of candidates drawn), so a checkpoint that saves
+    ``state_dict()`` resumes the exact stream. Sizes and generators are drawn per maze from the
+    given lists.
+    """
+
+    SEED_OFFSET = 1_000_000_000  # training seeds live far from the eval seeds (0..~100)
+
+    def __init__(self, sizes=(9,), generators=("wilson",), braid: float = 0.0,
+                 placement: str = "corners", seed: int = 0, exclude: frozenset[str] | None = None,
+                 max_skips: int = 10_000):
+        for g in generators:
+            if g not in GENERATORS:
+                raise ValueError(f"unknown maze generator {g!r}; choose from {GENERATORS}")
+        self.sizes, self.generators = [int(s) for s in sizes], list(generators)
+        self.braid, self.placement, self.seed = float(braid), placement, int(seed)
+        self.exclude = eval_hashes() if exclude is None else exclude
+        self.max_skips, self.position, self.skipped = max_skips, 0, 0
+
+    def _candidate(self, index: int) -> Maze:
+        rng = np.random.default_rng([self.seed, index, 7])
+        size = self.sizes[int(rng.integers(len(self.sizes)))]
+        generator = self.generators[int(rng.integers(len(self.generators)))]
+        maze_seed = self.SEED_OFFSET + self.seed * 10_000_000 + index
+        return generate_maze(size, maze_seed, generator, self.braid, self.placement)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Maze:
+        for _ in range(self.max_skips):
+            maze = self._candidate(self.position)
+            self.position += 1
+            if maze.content_hash not in self.exclude:
+                return maze
+            self.skipped += 1
+        raise RuntimeError(f"train sampler skipped {self.max_skips} mazes in a row that are all in "
+                           f"eval suites; sizes {self.sizes} have too few distinct mazes")
+
+    def take(self, count: int) -> list[Maze]:
+        return [next(self) for _ in range(count)]
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "skipped": self.skipped, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"sampler state is for seed {state['seed']}, this sampler has {self.seed}")
+        self.position, self.skipped = int(state["position"]), int(state["skipped"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--freeze", action="store_true", help=f"rewrite {DATA_FILE}")
+    parser.add_argument("--list", action="store_true", help="list the frozen suites")
+    args = parser.parse_args()
+    if args.freeze:
+        freeze()
+        print(f"wrote {DATA_FILE}")
+    for name in suite_names():
+        suite = load_suite(name)
+        print(f"{name:18s} {len(suite):3d} mazes  {suite.description}")
+
+
+if __name__ == "__main__":
+    main()

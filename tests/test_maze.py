@@ -1,0 +1,302 @@
+"""The maze environment: generators, BFS, renderer, parser, episodes, frozen sets, sampler."""
+
+import itertools
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import maze
+from maze.actions import parse_action
+from maze.core import MOVES, Maze, generate_maze
+from maze.render import DEFAULT_PALETTE, MazeRenderer
+from maze.solver import distances_from, optimal_steps, shortest_path
+
+SIZES = st.sampled_from([5, 7, 9, 11, 15, 21, 31])
+
+
+def floor_cells(m: Maze):
+    return [(r, c) for r in range(m.size) for c in range(m.size) if m.grid[r, c] == 0]
+
+
+def floor_edges(m: Maze):
+    cells = set(floor_cells(m))
+    return {frozenset((a, (a[0] + dr, a[1] + dc))) for a in cells for dr, dc in MOVES.values()
+            if (a[0] + dr, a[1] + dc) in cells}
+
+
+# ---------------------------------------------------------------- generators
+@settings(max_examples=60, deadline=None)
+@given(size=SIZES, seed=st.integers(0, 2**31 - 1), generator=st.sampled_from(maze.GENERATORS))
+def test_generated_maze_is_perfect(size, seed, generator):
+    m = generate_maze(size, seed, generator)
+    cells = floor_cells(m)
+    assert m.grid[0].all() and m.grid[-1].all() and m.grid[:, 0].all() and m.grid[:, -1].all()
+    dist = distances_from(m.grid, m.start)
+    assert all(dist[c] >= 0 for c in cells), "floor must be connected"
+    assert len(floor_edges(m)) == len(cells) - 1, "a connected graph with V-1 edges is a tree"
+    assert m.start == (1, 1) and m.goal == (size - 2, size - 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), braid=st.floats(0.3, 1.0))
+def test_braided_maze_has_loops_and_fewer_dead_ends(seed, braid):
+    perfect = generate_maze(11, seed, "wilson")
+    braided = generate_maze(11, seed, "wilson", braid=braid)
+
+    def dead_ends(m):
+        return sum(1 for c in floor_cells(m)
+                   if sum(m.is_floor((c[0] + dr, c[1] + dc)) for dr, dc in MOVES.values()) == 1)
+
+    assert len(floor_edges(braided)) > len(floor_cells(braided)) - 1
+    assert dead_ends(braided) < dead_ends(perfect)
+    assert (distances_from(braided.grid, braided.start)[braided.goal]) > 0
+
+
+def test_same_seed_same_maze_and_image_and_different_seeds_differ():
+    a, b = generate_maze(9, 5, "prim"), generate_maze(9, 5, "prim")
+    assert a == b and a.content_hash == b.content_hash
+    assert np.array_equal(np.asarray(maze.render(a)), np.asarray(maze.render(b)))
+    assert len({generate_maze(9, s).content_hash for s in range(20)}) == 20
+
+
+def test_random_placement_respects_min_distance():
+    for seed in range(20):
+        m = generate_maze(11, seed, placement="random", min_distance=10)
+        assert optimal_steps(m) >= 10 and m.start != m.goal
+
+
+@pytest.mark.parametrize("bad", [dict(size=8), dict(size=3), dict(size=33), dict(generator="dfs"),
+                                 dict(placement="middle"), dict(braid=1.5)])
+def test_generator_rejects_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        generate_maze(**{"size": 9, "seed": 0, **bad})
+
+
+# ---------------------------------------------------------------- BFS
+def brute_force_shortest(m: Maze) -> int:
+    """Iterative deepening over all move sequences: independent of the BFS code."""
+    for depth in range(0, 4 * m.size * m.size):
+        frontier = {m.start}
+        for _ in range(depth):
+            frontier = {(r + dr, c + dc) for r, c in frontier for dr, dc in MOVES.values()
+                        if m.is_floor((r + dr, c + dc))}
+        if m.goal in frontier:
+            return depth
+    return -1
+
+
+@pytest.mark.parametrize("seed,generator,braid",
+                         list(itertools.product(range(6), maze.GENERATORS, [0.0, 1.0])))
+def test_bfs_is_optimal_against_brute_force(seed, generator, braid):
+    m = generate_maze(7, seed, generator, braid=braid)
+    assert optimal_steps(m) == brute_force_shortest(m)
+    path = shortest_path(m)
+    assert path[0] == m.start and path[-1] == m.goal and len(path) - 1 == optimal_steps(m)
+    assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 and m.is_floor(b) for a, b in zip(path, path[1:]))
+
+
+def test_expert_actions_solve_the_env():
+    for seed in range(10):
+        env = maze.MazeEnv(size=11)
+        env.reset(seed=seed)
+        for a in maze.expert_actions(env.maze):
+            env.step(f"<action>{a}</action>")
+        _, reward, terminated, _, info = env.step("<action>stop</action>")
+        assert reward == 1.0 and terminated and info["moves"] == info["optimal_steps"]
+        assert info["bumps"] == info["invalid_actions"] == info["revisits"] == 0
+
+
+# ---------------------------------------------------------------- renderer
+@pytest.mark.parametrize("ppc,grid_lines", [(25, False), (8, True), (32, False)])
+def test_renderer_pixels_at_cell_centres_match_grid(ppc, grid_lines):
+    m = generate_maze(9, 3)
+    agent = (3, 5) if m.grid[3, 5] == 0 else m.start
+    img = MazeRenderer(m, ppc, grid_lines).frame(agent)
+    assert img.shape == (9 * ppc, 9 * ppc, 3) and img.dtype == np.uint8
+    half = ppc // 2
+    for r in range(9):
+        for c in range(9):
+            px = tuple(img[r * ppc + half, c * ppc + half])
+            if (r, c) == agent:
+                want = DEFAULT_PALETTE.agent
+            elif (r, c) == m.goal:
+                want = DEFAULT_PALETTE.goal
+            else:
+                want = DEFAULT_PALETTE.wall if m.grid[r, c] else DEFAULT_PALETTE.floor
+            assert px == want, (r, c)
+    # the agent is a disc: its cell's corner keeps the floor colour
+    assert tuple(img[agent[0] * ppc + 1, agent[1] * ppc + 1]) in (DEFAULT_PALETTE.floor, DEFAULT_PALETTE.grid)
+
+
+def test_render_path_draws_the_path():
+    m = generate_maze(9, 1)
+    plain = np.asarray(maze.render(m, pixels_per_cell=20, grid_lines=True))
+    drawn = np.asarray(maze.render_path(m, shortest_path(m), pixels_per_cell=20))
+    path_colour = np.all(drawn == DEFAULT_PALETTE.path, axis=-1)
+    assert path_colour.sum() > 100 and not np.all(plain == DEFAULT_PALETTE.path, axis=-1).any()
+
+
+# ---------------------------------------------------------------- parser
+@pytest.mark.parametrize("text,moves", [
+    ("<action>up</action>", ("up",)),
+    ("I think... <action>LEFT</action>", ("left",)),
+    ("<action>up</action> no wait <action> Down. </action>", ("down",)),
+    ("<Action>north</ACTION>", ("up",)),
+    ("<action>→</action>", ("right",)),
+    ("<action>s</action>", ("down",)),
+    ("<action><action>west</action></action>", ("left",)),
+    ("<action>stop</action>", ("stop",)),
+])
+def test_parser_reads_last_tag_and_synonyms(text, moves):
+    assert parse_action(text).moves == moves
+
+
+@pytest.mark.parametrize("text", ["", "up", "<action></action>", "<action>jump</action>",
+                                  "<action>up</action", "</action><action>", "<action>up up</action>",
+                                  "<action>" + "u" * 10_000 + "</action>", "<action>up, stop</action>"])
+def test_parser_reports_invalid(text):
+    parsed = parse_action(text)
+    assert not parsed.valid and parsed.moves == () and parsed.error
+
+
+def test_parser_multi_move():
+    assert parse_action("<action>up, up, left</action>", max_moves=3).moves == ("up", "up", "left")
+    assert not parse_action("<action>up, up, left</action>", max_moves=2).valid
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.binary(), st.text(alphabet="<>/actionupdwlfrgs ,", max_size=200)))
+def test_parser_never_raises(text):
+    parsed = parse_action(text, max_moves=3)
+    assert parsed.valid == (parsed.error is None)
+
+
+def test_parser_handles_megabytes_quickly():
+    blob = ("<action>" * 100_000) + "x" * 3_000_000 + "<action>right</action>"
+    assert parse_action(blob).moves == ("right",)
+
+
+# ---------------------------------------------------------------- episodes
+def corridor_maze() -> Maze:
+    return Maze.from_rows(["#####", "#S..#", "###.#", "#G..#", "#####"])
+
+
+def test_episode_bump_invalid_stop_and_info():
+    env = maze.MazeEnv(size=5, max_turns=20)
+    obs, info = env.reset(options={"maze": corridor_maze()})
+    assert obs["text"] == env.task_prompt and info["optimal_steps"] == 6
+    obs, r, term, trunc, info = env.step("<action>up</action>")
+    assert info["event"] == "bump" and info["bumps"] == 1 and info["position"] == (1, 1)
+    assert "wall" in obs["text"] and not term and not trunc
+    obs, r, term, trunc, info = env.step("no tag at all")
+    assert info["event"] == "invalid" and info["invalid_actions"] == 1 and "Invalid" in obs["text"]
+    env.step("<action>right</action>")
+    env.step("<action>left</action>")
+    _, _, _, _, info = env.step("<action>right</action>")
+    assert info["revisits"] == 2 and info["visited_cells"] == 2 and info["turns"] == 5
+    assert info["distance_to_goal"] == 5
+    obs, r, term, trunc, info = env.step("<action>stop</action>")
+    assert term and r == 0.0 and info["stopped_wrong"] and not info["success"]
+    with pytest.raises(RuntimeError):
+        env.step("<action>up</action>")
+
+
+def test_episode_truncates_at_max_turns():
+    env = maze.MazeEnv(size=5, max_turns=3)
+    env.reset(options={"maze": corridor_maze()})
+    results = [env.step("<action>up</action>") for _ in range(3)]
+    assert [r[3] for r in results] == [False, False, True] and not any(r[2] for r in results)
+    assert results[-1][4]["bumps"] == 3
+
+
+def test_arrival_succeeds_without_require_stop_and_multi_move():
+    env = maze.MazeEnv(size=5, require_stop=False, max_moves_per_turn=4)
+    env.reset(options={"maze": corridor_maze()})
+    _, r, term, _, info = env.step("<action>right, right, down, down</action>")
+    assert not term and info["position"] == (3, 3)
+    _, r, term, _, info = env.step("<action>left, left</action>")
+    assert term and r == 1.0 and info["success"] and info["moves"] == 6
+    env.reset(options={"maze": corridor_maze()})
+    _, _, _, _, info = env.step("<action>right, up, right</action>")
+    assert info["event"] == "bump" and info["position"] == (1, 2)
+
+
+def test_observations_lie_in_observation_space_and_gym_make_works():
+    env = gym.make(maze.ENV_ID, size=7, max_turns=5, disable_env_checker=True)
+    obs, _ = env.reset(seed=3)
+    assert env.observation_space.contains(obs)
+    obs, *_ = env.step("<action>down</action>")
+    assert env.observation_space.contains(obs)
+    obs2, _ = gym.make(maze.ENV_ID, size=7).reset(seed=3)
+    assert np.array_equal(obs["image"].shape, obs2["image"].shape)
+
+
+# ---------------------------------------------------------------- frozen sets and sampler
+def test_frozen_suites_load_and_match_hashes_and_generators():
+    names = maze.suite_names()
+    assert names[0] == "fixed64" and len(names) >= 8
+    fixed = maze.load_suite("fixed64")
+    assert len(fixed) == 64 and [m.seed for m in fixed.mazes] == list(range(64))
+    for m in fixed.mazes:  # the frozen file still matches the code that made it
+        assert m == generate_maze(9, m.seed, "wilson")
+        assert m.start == (1, 1) and m.goal == (7, 7)
+    hashes = [m.content_hash for s in names for m in maze.load_suite(s).mazes]
+    assert len(hashes) == len(set(hashes)), "no maze appears twice across suites"
+    with pytest.raises(KeyError, match="unknown eval suite 'nope'"):
+        maze.load_suite("nope")
+
+
+def test_corrupt_frozen_file_is_detected(tmp_path):
+    import json
+
+    from maze.evalsets import DATA_FILE, _load_file
+
+    raw = json.loads(DATA_FILE.read_text())
+    rows = raw["suites"]["fixed64"]["mazes"][0]["rows"]
+    rows[1] = rows[1][:2] + ("#" if rows[1][2] == "." else ".") + rows[1][3:]
+    bad = tmp_path / "sets.json"
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="corrupt"):
+        _load_file(str(bad))
+
+
+def test_train_sampler_never_yields_an_eval_maze_and_resumes():
+    # 7x7 has only 192 distinct corner-placed perfect mazes, and size7 holds 32 of them,
+    # so a 7x7 stream hits eval mazes often: the sampler must skip every one.
+    excluded = maze.eval_hashes()
+    sampler = maze.TrainSampler(sizes=[7], seed=1)
+    drawn = sampler.take(300)
+    assert sampler.skipped > 0
+    assert not any(m.content_hash in excluded for m in drawn)
+    state = sampler.state_dict()
+    more = sampler.take(5)
+    again = maze.TrainSampler(sizes=[7], seed=1)
+    again.load_state_dict(state)
+    assert again.take(5) == more
+
+
+def test_train_sampler_mixes_sizes_and_fails_clearly_when_exhausted():
+    sizes = {m.size for m in maze.TrainSampler(sizes=[7, 9, 11], seed=0).take(30)}
+    assert sizes == {7, 9, 11}
+    everything = frozenset(generate_maze(5, s).content_hash for s in range(200))
+    with pytest.raises(RuntimeError, match="too few distinct mazes"):
+        maze.TrainSampler(sizes=[5], exclude=everything, max_skips=50).take(1)
+
+
+def test_bfs_distances_match_a_reference_bfs():
+    m = generate_maze(15, 11, braid=0.5)
+    ref = {m.start: 0}
+    q = deque([m.start])
+    while q:
+        r, c = q.popleft()
+        for dr, dc in MOVES.values():
+            n = (r + dr, c + dc)
+            if m.is_floor(n) and n not in ref:
+                ref[n] = ref[(r, c)] + 1
+                q.append(n)
+    dist = distances_from(m.grid, m.start)
+    assert all(dist[p] == d for p, d in ref.items()) and (dist >= 0).sum() == len(ref)
