@@ -1,0 +1,80 @@
+"""The rollout-engine protocol: token ids + images in, token ids + logprobs out.
+
+An engine never sees text it has to tokenise: prompts are token ids whose image placeholders
+are already expanded, plus the images' preprocessed patches. Completions carry per-token
+logprobs of the *sampling* distribution: logits with ``banned_token_ids`` removed, divided by
+the temperature (top-p is not applied to the reported logprobs). The trainer recomputes
+exactly that quantity (``rl.logprobs``), so the two can be compared token by token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class ImageInput:
+    """One image, preprocessed once and reused for every forward that contains it."""
+
+    pixel_values: torch.Tensor  # (num_patches, channels * temporal_patch * patch * patch) float
+    grid_thw: torch.Tensor  # (3,) long: temporal, height, width in patches
+    array: object = None  # the original (H, W, 3) uint8 image, for engines that take raw images
+
+    @property
+    def num_tokens(self) -> int:
+        """Placeholder tokens after the 2x2 spatial merge."""
+        return int(self.grid_thw.prod()) // 4
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]  # (T,) with image placeholders expanded
+    images: list[ImageInput] = field(default_factory=list)  # in order of appearance
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # (L,) generated tokens, cut after the stop string or EOS
+    logprobs: list[float]  # (L,) log p(token) under the sampling distribution
+    finish_reason: str  # "stop" (stop string or EOS) | "length"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+    stop: tuple[str, ...] = ("</action>",)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Engine(Protocol):
+    banned_token_ids: list[int]
+
+    def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]: ...
+
+    def update_weights(self, named_tensors) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+def banned_token_ids(tokenizer) -> list[int]:
+    """Special tokens a policy must never write: vision markers and chat-structure tokens.
+
+    Sampling an ``<|image_pad|>`` into the text would desynchronise image features and
+    placeholders on the next forward; ``<|im_start|>`` would let the model speak as the user.
+    """
+    names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
+             "<|im_start|>", "<|endoftext|>"]
+    ids = [tokenizer.convert_tokens_to_ids(n) for n in names]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return sorted({i for i in ids if i is not None and i != unk})

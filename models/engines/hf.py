@@ -1,0 +1,78 @@
+"""Transformers rollout engine: one batched ``generate`` (KV cache) over all live episodes.
+
+The CPU default. It shares the policy module with the trainer, so ``update_weights`` has
+nothing to copy; ``sleep``/``wake`` are no-ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids
+from rl.logprobs import collate, masked_logits
+
+
+class HFEngine:
+    def __init__(self, model, processor, micro_batch: int = 64):
+        self.model, self.processor = model, processor
+        self.tokenizer = processor.tokenizer
+        self.banned_token_ids = banned_token_ids(self.tokenizer)
+        self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.pad_id = self.tokenizer.pad_token_id
+        self.image_token_id = model.config.image_token_id
+        self.micro_batch = micro_batch
+
+    def _cut(self, tokens: list[int], stop: tuple[str, ...]) -> tuple[int, str]:
+        """Length to keep: through the first EOS or the first completed stop string."""
+        for i, tok in enumerate(tokens):
+            if tok == self.eos_id:
+                return i + 1, "stop"
+            if stop and any(s in self.tokenizer.decode(tokens[max(0, i - 15):i + 1]) for s in stop):
+                return i + 1, "stop"
+        return len(tokens), "length"
+
+    @torch.no_grad()
+    def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        out: list[Completion] = []
+        for lo in range(0, len(prompts), self.micro_batch):
+            out.extend(self._generate(prompts[lo:lo + self.micro_batch], sampling))
+        return out
+
+    def _generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        batch = collate([p.token_ids for p in prompts], [p.images for p in prompts], self.pad_id,
+                        self.image_token_id, left_pad=True)
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        self.model.model.rope_deltas = None
+        kwargs = dict(do_sample=not sampling.greedy, max_new_tokens=sampling.max_new_tokens,
+                      suppress_tokens=self.banned_token_ids, eos_token_id=self.eos_id,
+                      pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True,
+                      stop_strings=list(sampling.stop) or None, tokenizer=self.tokenizer)
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        gen = self.model.generate(**batch, **kwargs)
+        if was_training:
+            self.model.train()
+        width = batch["input_ids"].shape[1]
+        new_tokens = gen.sequences[:, width:]  # (B, L)
+        logits = torch.stack(gen.logits, dim=1)  # (B, L, V) raw
+        temp = sampling.temperature if not sampling.greedy else 1.0
+        logp = torch.log_softmax(masked_logits(logits, self.banned_token_ids, temp), dim=-1)
+        logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # (B, L)
+        completions = []
+        for row in range(new_tokens.shape[0]):
+            tokens = new_tokens[row].tolist()
+            keep, reason = self._cut(tokens, sampling.stop)
+            completions.append(Completion(tokens[:keep], logp[row, :keep].tolist(), reason))
+        return completions
+
+    def update_weights(self, named_tensors=None) -> None:
+        """The engine holds the trainer's module itself: nothing to copy."""
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass

@@ -1,0 +1,138 @@
+"""A tiny, randomly initialised Qwen3-VL built fully offline: model, tokenizer, processor.
+
+The model is the real ``Qwen3VLForConditionalGeneration`` with a ~1 M-parameter config, so
+every code path (vision tower, deepstack, 3D mrope, ``mm_token_type_ids``) is the one the 8B
+model takes. The tokenizer is a byte-level BPE trained in-process on maze-task text with
+Qwen's special tokens and a Qwen-style chat template; the image processor is
+``Qwen2VLImageProcessorPil`` (torchvision-free); the processor is an image-only subclass of
+``Qwen3VLProcessor`` registered with ``AutoProcessor``. Nothing touches the network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoConfig,
+    AutoProcessor,
+    PreTrainedTokenizerFast,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH = 16, 2, 2
+
+# Qwen-style chat template: system/user/assistant turns, images as one placeholder each
+# (the processor expands it to the image's token count).
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+class Qwen3VLImageProcessor(Qwen3VLProcessor):
+    """``Qwen3VLProcessor`` without the video processor (the maze task has no video)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+AutoProcessor.register(Qwen3VLConfig, Qwen3VLImageProcessor, exist_ok=True)
+
+
+def _training_corpus() -> list[str]:
+    """Text the tiny tokenizer is trained on: the task's prompts, feedback and answers."""
+    from maze.env import MULTI_MOVE_HINT, SYSTEM_PROMPT, TASK_PROMPT
+
+    moves = ["up", "down", "left", "right", "stop"]
+    lines = [SYSTEM_PROMPT, TASK_PROMPT, MULTI_MOVE_HINT.format(k=3)]
+    for m in moves:
+        lines += [f"<action>{m}</action>", f"I go {m}. <action>{m}</action>", f"You moved {m}.",
+                  f"You hit a wall going {m} and did not move.",
+                  f"The path continues {m}, so I move {m}. <action>{m}</action>"]
+    lines += ["Invalid action: no <action>...</action> tag found.", "Invalid action: empty action.",
+              "Invalid action: unknown action; use up, down, left, right or stop.",
+              "You stopped on the goal. Solved!", "You reached the goal. Solved!",
+              "You stopped, but you are not on the goal. Episode over.", "Out of turns.",
+              "I am on the goal. <action>stop</action>", "0 1 2 3 4 5 6 7 8 9 , . ! ? : ; ' \" ( )"]
+    return lines * 20
+
+
+def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    bpe = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(_training_corpus(), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    tok.padding_side = "left"
+    return tok
+
+
+def build_image_processor(min_pixels: int, max_pixels: int) -> Qwen2VLImageProcessorPil:
+    return Qwen2VLImageProcessorPil(
+        patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
+
+
+def tiny_config(tokenizer) -> Qwen3VLConfig:
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = 32
+    text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=head_dim, max_position_embeddings=8192, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+                pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"))
+    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
+                  patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE,
+                  temporal_patch_size=TEMPORAL_PATCH, out_hidden_size=128,
+                  num_position_embeddings=256, deepstack_visual_indexes=[1])
+    return Qwen3VLConfig(text_config=text, vision_config=vision,
+                         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+                         vision_start_token_id=ids("<|vision_start|>"),
+                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=True)
+
+
+def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 * 320):
+    """Return ``(model, processor)``: a fresh tiny Qwen3-VL, deterministic from ``seed``."""
+    tokenizer = build_tokenizer()
+    processor = Qwen3VLImageProcessor(build_image_processor(min_pixels, max_pixels), tokenizer,
+                                      chat_template=CHAT_TEMPLATE)
+    config = tiny_config(tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    return model.float().eval(), processor
+
+
+def save_tiny(path: str | Path, seed: int = 0) -> Path:
+    model, processor = build_tiny(seed)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return Path(path)
+
+
+def is_tiny(config) -> bool:
+    cfg = config if not isinstance(config, (str, Path)) else AutoConfig.from_pretrained(config)
+    return getattr(cfg.text_config, "hidden_size", 0) <= 256

@@ -1,0 +1,68 @@
+"""The trainer's forward: per-token logprobs (and entropy) of given token ids under the policy.
+
+This is the quantity the engines report for sampled tokens (see ``models.engines.base``):
+banned tokens removed, logits divided by the temperature. Qwen3-VL needs ``pixel_values``,
+``image_grid_thw`` and ``mm_token_type_ids`` on every forward; ``rope_deltas`` is cached on the
+model between generate calls, so it is reset before each scoring forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.engines.base import ImageInput
+
+
+def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: int, image_token_id: int,
+            left_pad: bool = False) -> dict[str, torch.Tensor]:
+    """Pad token-id sequences into one batch with their images (rows in order).
+
+    Returns input_ids (B, T), attention_mask (B, T), mm_token_type_ids (B, T) and, when any
+    image is present, pixel_values (sum patches, D) and image_grid_thw (num_images, 3).
+    """
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        sl = slice(width - len(seq), width) if left_pad else slice(0, len(seq))
+        ids[row, sl] = torch.tensor(seq, dtype=torch.long)
+        mask[row, sl] = 1
+    batch = {"input_ids": ids, "attention_mask": mask,
+             "mm_token_type_ids": (ids == image_token_id).long() * mask}
+    flat = [im for row in images for im in row]
+    if flat:
+        batch["pixel_values"] = torch.cat([im.pixel_values for im in flat], dim=0)
+        batch["image_grid_thw"] = torch.stack([im.grid_thw for im in flat], dim=0)
+    return batch
+
+
+def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: float) -> torch.Tensor:
+    """logits (..., V) -> the sampling distribution's logits: banned removed, / temperature."""
+    logits = logits.float()
+    if banned_ids:
+        logits = logits.index_fill(-1, torch.tensor(banned_ids, device=logits.device), float("-inf"))
+    if temperature > 0:
+        logits = logits / temperature
+    return logits
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int], temperature: float,
+                   with_entropy: bool = False):
+    """Logprob of every token given its prefix.
+
+    Returns logprobs (B, T) with column 0 set to 0 (no prefix), and, if asked, the entropy
+    (B, T) of the sampling distribution at each predicted position (column 0 = 0).
+    """
+    if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
+        model.model.rope_deltas = None  # stale state from a previous generate
+    out = model(**batch, use_cache=False)
+    logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (B, T-1, V)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    target = batch["input_ids"][:, 1:].unsqueeze(-1)
+    logp = logp_all.gather(-1, target).squeeze(-1)  # (B, T-1)
+    logp = torch.nn.functional.pad(logp, (1, 0))
+    if not with_entropy:
+        return logp
+    probs = logp_all.exp()
+    ent = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
+    return logp, torch.nn.functional.pad(ent, (1, 0))

@@ -1,0 +1,161 @@
+"""Multi-turn rollouts: B mazes x G samples, token-in / token-out, one batched engine call a turn.
+
+A trajectory is built by appending token ids, never by re-tokenising decoded text:
+
+    [system + user(image, task) + "<|im_start|>assistant\\n"]   mask 0   (turn-0 prompt)
+    [generated tokens]                                           mask 1   (engine logprobs kept)
+    ["<|im_end|>\\n<|im_start|>user\\n" image feedback "<|im_end|>\\n<|im_start|>assistant\\n"]  mask 0
+    ...
+
+so decoding the ids gives the chat-template rendering of the conversation, and the trainer
+scores exactly the ids the engine sampled. Episodes leave the batch when they end (success,
+stop, max turns, context limit). ``max_images_in_context`` removes the oldest image span from
+the context; earlier turns were sampled with it present, so their engine logprobs no longer
+match the trainer's on the shortened sequence (the logprob gap metric shows it; ``algo.tis_cap``
+corrects for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from maze.core import Maze
+from maze.env import SYSTEM_PROMPT, MazeEnv
+from models.engines.base import ImageInput, Prompt, SamplingParams
+from rl.types import Trajectory
+
+IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """The MazeEnv keys a rollout needs (a subset of conf/env)."""
+
+    pixels_per_cell: int = 32
+    grid_lines: bool = False
+    max_turns: int = 40
+    require_stop: bool = True
+    max_moves_per_turn: int = 1
+    max_images_in_context: int = 0  # 0 keeps every image
+    max_context_tokens: int = 8192
+
+
+class Conversation:
+    """Turns text segments and images into token ids with expanded image placeholders."""
+
+    def __init__(self, processor):
+        self.processor, self.tok = processor, processor.tokenizer
+        self.image_pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
+        self.vision_start = self.tok.convert_tokens_to_ids("<|vision_start|>")
+        self.vision_end = self.tok.convert_tokens_to_ids("<|vision_end|>")
+        self.eos = self.tok.convert_tokens_to_ids("<|im_end|>")
+        self.assistant_close = self.tok.encode("<|im_end|>\n", add_special_tokens=False)
+        self.newline = self.tok.encode("\n", add_special_tokens=False)
+        self._cache: dict[bytes, ImageInput] = {}
+
+    def image(self, array) -> ImageInput:
+        key = array.tobytes()  # identical frames (a group's first turn) are encoded once
+        if key not in self._cache:
+            out = self.processor.image_processor(images=[array], return_tensors="pt")
+            self._cache[key] = ImageInput(out["pixel_values"], out["image_grid_thw"][0], array)
+        return self._cache[key]
+
+    def encode(self, text: str, images: list[ImageInput]) -> list[int]:
+        """Tokenise ``text`` whose image slots hold one ``<|image_pad|>`` each, then expand them."""
+        ids = self.tok.encode(text, add_special_tokens=False)
+        out, k = [], 0
+        for t in ids:
+            if t == self.image_pad:
+                out.extend([t] * images[k].num_tokens)
+                k += 1
+            else:
+                out.append(t)
+        assert k == len(images), "one image per image slot"
+        return out
+
+    def first_turn(self, task_text: str, image: ImageInput) -> list[int]:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": task_text}]}]
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.encode(text, [image])
+
+    def next_turn(self, feedback: str, image: ImageInput, closed: bool) -> list[int]:
+        """Tokens after an assistant turn: close it (if the model did not), then user + image."""
+        head = "\n" if closed else "<|im_end|>\n"
+        text = f"{head}<|im_start|>user\n{IMAGE_SLOT}{feedback}<|im_end|>\n<|im_start|>assistant\n"
+        return self.encode(text, [image])
+
+    def drop_oldest_image(self, traj: Trajectory) -> None:
+        start = traj.token_ids.index(self.vision_start)
+        end = traj.token_ids.index(self.vision_end, start) + 1
+        for seq in (traj.token_ids, traj.loss_mask, traj.rollout_logprobs):
+            del seq[start:end]
+        traj.images.pop(0)
+        traj.images_dropped += 1
+
+
+def _extend(traj: Trajectory, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+    traj.token_ids.extend(ids)
+    traj.loss_mask.extend([mask] * len(ids))
+    traj.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+@torch.no_grad()
+def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSettings,
+            sampling: SamplingParams, progress: bool = False, desc: str = "rollout") -> list[Trajectory]:
+    """Play ``group_size`` episodes on each maze; returns B*G trajectories, group-major."""
+    conv = Conversation(processor)
+    trajs, envs = [], []
+    for g, maze in enumerate(mazes):
+        for _ in range(group_size):
+            e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
+                        max_turns=env.max_turns, require_stop=env.require_stop,
+                        max_moves_per_turn=env.max_moves_per_turn)
+            obs, _ = e.reset(options={"maze": maze})
+            t = Trajectory(maze=maze, group=g)
+            image = conv.image(obs["image"])
+            t.images.append(image)
+            _extend(t, conv.first_turn(obs["text"], image), 0)
+            trajs.append(t)
+            envs.append(e)
+    live = list(range(len(trajs)))
+    bar = tqdm(total=env.max_turns, desc=desc, disable=not progress, leave=False)
+    turn = 0
+    while live:
+        seed = None if sampling.seed is None else sampling.seed + turn
+        params = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens,
+                                sampling.stop, seed)
+        completions = engine.generate([Prompt(trajs[i].token_ids, trajs[i].images) for i in live], params)
+        still = []
+        for i, comp in zip(live, completions):
+            t, e = trajs[i], envs[i]
+            _extend(t, comp.token_ids, 1, comp.logprobs)
+            text = processor.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
+            t.actions.append(text)
+            obs, _, terminated, truncated, info = e.step(text)
+            t.infos.append(info)
+            closed = bool(comp.token_ids) and comp.token_ids[-1] == conv.eos
+            if terminated or truncated:
+                t.finish = "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"]
+                                                              else "max_turns")
+                _extend(t, conv.newline if closed else conv.assistant_close, 0)
+                continue
+            image = conv.image(obs["image"])
+            nxt = conv.next_turn(obs["text"], image, closed)
+            if len(t.token_ids) + len(nxt) + sampling.max_new_tokens > env.max_context_tokens:
+                t.finish = "context"
+                _extend(t, conv.newline if closed else conv.assistant_close, 0)
+                continue
+            t.images.append(image)
+            _extend(t, nxt, 0)
+            while env.max_images_in_context and len(t.images) > env.max_images_in_context:
+                conv.drop_oldest_image(t)
+            still.append(i)
+        live = still
+        turn += 1
+        bar.update(1)
+    bar.close()
+    return trajs
