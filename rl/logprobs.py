@@ -60,6 +60,8 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     logp_all = torch.log_softmax(logits, dim=-1)
     target = batch["input_ids"][:, 1:].unsqueeze(-1)
     logp = logp_all.gather(-1, target).squeeze(-1)  # (B, T-1)
+    # prompt/pad positions may hold banned ids (image pads): -inf there, never trained on
+    logp = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
     logp = torch.nn.functional.pad(logp, (1, 0))
     if not with_entropy:
         return logp

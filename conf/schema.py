@@ -1,0 +1,233 @@
+"""The one schema of every config group, documented where each key is declared.
+
+Each group's YAML options (conf/<group>/*.yaml) start from ``base_<group>`` below, so a
+mistyped key in an option file or an override (``algo.group_sise=4``) and a wrongly typed
+value (``algo.group_size=abc``) fail at compose time with Hydra's own message, and an unknown
+option (``algo=grpoo``) lists the available ones. Cross-key checks live in ``validate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"  # tiny | qwen3_vl_2b | qwen3_vl_4b | qwen3_vl_8b
+    path: str | None = None  # hub id or local HF dir; for tiny: an HF dir to start from (else random init)
+    init_seed: int = 0  # tiny only: seed of the random initialisation
+    dtype: str = "float32"  # float32 | bfloat16 (trainer compute dtype)
+    attn_implementation: str = "auto"  # auto (flash_attention_2 if it imports, else sdpa) | sdpa | eager
+    trust_remote_code: bool = False  # never on unless you set it
+    min_pixels: int = 1024  # processor lower bound on image pixels
+    max_pixels: int = 102400  # processor upper bound on image pixels (320 x 320)
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class EnvConfig:
+    size: int = 9  # maze side in cells incl. the outer wall (odd, 5-31); maze_easy = 9, maze_hard = 11
+    train_sizes: list[int] = field(default_factory=list)  # training size mixture; empty = [size]
+    generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
+    braid: float = 0.0  # fraction of dead ends opened in training mazes
+    placement: str = "corners"  # corners (reference) | random
+    pixels_per_cell: int = 32  # 32 = one merged Qwen3-VL token per cell
+    grid_lines: bool = False
+    max_turns: int = 40  # turns per episode (a bump or invalid action is a turn)
+    require_stop: bool = True  # reference: success only on 'stop' at the goal
+    max_moves_per_turn: int = 1
+    max_images_in_context: int = 0  # keep only the newest K images (0 = all)
+    max_context_tokens: int = 8192  # an episode ends when its next turn would not fit
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"  # grpo | dr_grpo | dapo | gspo | rloo | sft
+    group_size: int = 8  # G samples of the same maze per group
+    mazes_per_step: int = 4  # B groups per optimizer step (global, over all ranks)
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    adv_estimator: str = "grpo"  # grpo | rloo
+    norm_adv_by_std: bool = True  # false = Dr. GRPO
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low = DAPO clip-higher
+    ratio_level: str = "token"  # token | sequence (GSPO)
+    loss_agg: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    norm_len: int = 512  # constant length of seq_mean_token_sum_norm
+    kl_coef: float = 0.0  # 0 = no reference model is built
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_in: str = "loss"  # loss | reward
+    entropy_coef: float = 0.0
+    filter_zero_std: bool = False  # drop groups whose rewards are all equal (DAPO dynamic sampling)
+    tis_cap: float = 0.0  # truncated importance sampling cap on exp(old - rollout); 0 = off
+    ppo_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch
+    micro_batch: int = 8  # sequences per forward (gradient accumulation inside a minibatch)
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 24  # per turn
+    eps: float = 1e-6
+    sft_epochs: int = 3  # algo=sft: passes over the expert data
+    sft_mazes: int = 256  # algo=sft: number of training mazes turned into expert conversations
+    sft_batch: int = 8  # algo=sft: conversations per optimizer step
+
+
+@dataclass
+class RewardConfig:
+    name: str = "sparse"  # sparse | shaped
+    success: float = 1.0
+    progress: float = 0.0  # x fraction of the BFS distance closed
+    step_cost: float = 0.0  # per turn
+    bump_penalty: float = 0.0
+    invalid_penalty: float = 0.0
+    revisit_penalty: float = 0.0
+
+
+@dataclass
+class EngineConfig:
+    name: str = "hf"  # hf | vllm
+    micro_batch: int = 64  # hf: episodes per generate call
+    gpu_memory_utilization: float = 0.35  # vllm
+    enforce_eager: bool = False  # vllm
+    sleep_mode: bool = True  # vllm on GPU: free KV cache and offload weights during training
+    max_model_len: int = 8192  # vllm
+    logprob_gap_warn: float = 0.05  # warn when mean |engine - trainer| logprob exceeds this
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "cpu"  # cpu | cpu2 | 1gpu | 8gpu | multinode | slurm
+    device: str = "cpu"  # cpu | cuda
+    nproc_per_node: int = 1  # > 1 re-launches under torchrun
+    nnodes: int = 1
+    backend: str = "gloo"  # gloo | nccl
+    parallel: str = "ddp"  # ddp | fsdp2 (only used when world size > 1)
+    max_restarts: int = 0  # torchrun --max-restarts (elastic restarts)
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "localhost:29500"
+    rdzv_id: str = "vlmaze"
+    gpu_memory_gib: float = 0.0  # for the dry-run memory plan
+    partition: str = ""  # slurm
+    timeout_min: int = 240  # slurm
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 20  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
+    seed: int = 0
+    eval_every: int = 10  # 0 = never; eval also runs at step 0 and at the end when > 0
+    eval_suites: list[str] = field(default_factory=lambda: ["fixed64"])
+    eval_max_turns: int = 0  # 0 = env.max_turns
+    save_every: int = 10  # 0 = only at the end
+    resume: str = "auto"  # auto | never | a checkpoint path
+    keep_last: int = 3
+    deterministic: bool = True
+    max_nonfinite_steps: int = 3  # stop after this many NaN/inf steps in a row
+    log_transcripts: int = 2
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    env: EnvConfig = MISSING
+    algo: AlgoConfig = MISSING
+    reward: RewardConfig = MISSING
+    engine: EngineConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    dry_run: bool = False  # compose, validate, print the launch plan, exit
+    sweep: dict[str, Any] = field(default_factory=dict)  # free-form tag set by sweeps/ configs
+
+
+GROUPS = {"model": ModelConfig, "env": EnvConfig, "algo": AlgoConfig, "reward": RewardConfig,
+          "engine": EngineConfig, "cluster": ClusterConfig}
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, node in GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=node)
+
+
+class ConfigError(ValueError):
+    """A config value a user set that cannot work; the message names the key."""
+
+
+CHOICES = {
+    "model.name": ("tiny", "qwen3_vl_2b", "qwen3_vl_4b", "qwen3_vl_8b"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "env.placement": ("corners", "random"),
+    "algo.name": ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "sft"),
+    "algo.adv_estimator": ("grpo", "rloo"),
+    "algo.ratio_level": ("token", "sequence"),
+    "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
+    "algo.kl_in": ("loss", "reward"),
+    "reward.name": ("sparse", "shaped"),
+    "engine.name": ("hf", "vllm"),
+    "cluster.device": ("cpu", "cuda"),
+    "cluster.backend": ("gloo", "nccl"),
+    "cluster.parallel": ("ddp", "fsdp2"),
+}
+
+
+def validate(cfg) -> None:
+    """Cross-key checks, run before any heavy work. Raises ConfigError naming the key."""
+    from omegaconf import OmegaConf
+
+    from maze.core import GENERATORS, MAX_SIZE, MIN_SIZE
+
+    def get(key):
+        return OmegaConf.select(cfg, key)
+
+    for key, options in CHOICES.items():
+        if get(key) not in options:
+            raise ConfigError(f"{key}={get(key)!r} is not one of {', '.join(options)}")
+    for key in ["env.size", *[f"env.train_sizes[{i}]" for i in range(len(cfg.env.train_sizes))]]:
+        size = get(key)
+        if not (MIN_SIZE <= size <= MAX_SIZE) or size % 2 == 0:
+            raise ConfigError(f"{key}={size} must be odd and in [{MIN_SIZE}, {MAX_SIZE}]")
+    for g in cfg.env.generators:
+        if g not in GENERATORS:
+            raise ConfigError(f"env.generators contains {g!r}; choose from {', '.join(GENERATORS)}")
+    positive = ["env.max_turns", "env.pixels_per_cell", "env.max_moves_per_turn", "algo.group_size",
+                "algo.mazes_per_step", "algo.ppo_epochs", "algo.minibatches", "algo.micro_batch",
+                "algo.max_new_tokens", "algo.sft_epochs", "algo.sft_mazes", "algo.sft_batch",
+                "cluster.nproc_per_node", "cluster.nnodes", "trainer.steps"]
+    for key in positive:
+        if get(key) < 1:
+            raise ConfigError(f"{key}={get(key)} must be >= 1")
+    for key in ["algo.lr", "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.entropy_coef",
+                "algo.tis_cap", "algo.temperature", "env.braid", "trainer.eval_every", "trainer.save_every",
+                "trainer.keep_last", "env.max_images_in_context"]:
+        if get(key) < 0:
+            raise ConfigError(f"{key}={get(key)} must be >= 0")
+    if not 0 < cfg.algo.top_p <= 1:
+        raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
+    if cfg.env.braid > 1:
+        raise ConfigError(f"env.braid={cfg.env.braid} must be <= 1")
+    if cfg.algo.name != "sft":
+        if cfg.algo.group_size == 1 and cfg.algo.adv_estimator == "grpo" and cfg.algo.norm_adv_by_std:
+            raise ConfigError("algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std")
+        if cfg.algo.group_size == 1 and cfg.algo.adv_estimator == "rloo":
+            raise ConfigError("algo.group_size=1 with algo.adv_estimator=rloo needs >= 2 samples")
+        if cfg.algo.temperature == 0:
+            raise ConfigError("algo.temperature=0 makes every sample of a group identical; use > 0")
+    world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
+    if cfg.algo.mazes_per_step % world:
+        raise ConfigError(f"algo.mazes_per_step={cfg.algo.mazes_per_step} is not divisible by the world "
+                          f"size {world} (cluster.nproc_per_node x cluster.nnodes)")
+    if cfg.cluster.device == "cpu" and cfg.cluster.backend == "nccl":
+        raise ConfigError("cluster.backend=nccl needs cluster.device=cuda")
+    if cfg.engine.name == "vllm" and cfg.model.dtype == "float32" and cfg.cluster.device == "cuda":
+        raise ConfigError("engine=vllm on GPU expects model.dtype=bfloat16")
+    if cfg.trainer.resume not in ("auto", "never") and not cfg.trainer.resume:
+        raise ConfigError("trainer.resume must be auto, never or a checkpoint path")

