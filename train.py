@@ -96,6 +96,9 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 def main(cfg: DictConfig) -> float | None:
     try:
         validate(cfg)
+        if cfg.dry_run:
+            print(launch_plan(cfg))
+            return None
         if cfg.engine.name == "vllm":
             import importlib.util
 
@@ -106,9 +109,6 @@ def main(cfg: DictConfig) -> float | None:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     run_dir = HydraConfig.get().runtime.output_dir
-    if cfg.dry_run:
-        print(launch_plan(cfg))
-        return None
     if cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 and not D.under_torchrun():
         rc = relaunch_under_torchrun(cfg, run_dir)
         if rc:
@@ -187,7 +187,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
                            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
     if sft:
-        conv = Conversation(processor)
+        conv = Conversation(processor, keep_pixels=False)
         expert = [expert_trajectory(m, conv, env) for m in TrainSampler(
             sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
             braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)]

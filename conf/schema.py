@@ -37,7 +37,7 @@ class EnvConfig:
     placement: str = "corners"  # corners (reference) | random
     pixels_per_cell: int = 32  # 32 = one merged Qwen3-VL token per cell
     grid_lines: bool = False
-    max_turns: int = 40  # turns per episode (a bump or invalid action is a turn)
+    max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
     max_moves_per_turn: int = 1
     max_images_in_context: int = 0  # keep only the newest K images (0 = all)
@@ -47,8 +47,8 @@ class EnvConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"  # grpo | dr_grpo | dapo | gspo | rloo | sft
-    group_size: int = 8  # G samples of the same maze per group
-    mazes_per_step: int = 4  # B groups per optimizer step (global, over all ranks)
+    group_size: int = 4  # G samples of the same maze per group
+    mazes_per_step: int = 8  # B groups per optimizer step (global, over all ranks; divisible by world size)
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -119,12 +119,12 @@ class ClusterConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 20  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
+    steps: int = 10  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
     seed: int = 0
-    eval_every: int = 10  # 0 = never; eval also runs at step 0 and at the end when > 0
+    eval_every: int = 5  # 0 = never; eval also runs at step 0 and at the end when > 0
     eval_suites: list[str] = field(default_factory=lambda: ["fixed64"])
     eval_max_turns: int = 0  # 0 = env.max_turns
-    save_every: int = 10  # 0 = only at the end
+    save_every: int = 5  # 0 = only at the end
     resume: str = "auto"  # auto | never | a checkpoint path
     keep_last: int = 3
     deterministic: bool = True

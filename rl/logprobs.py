@@ -31,7 +31,7 @@ def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: 
              "mm_token_type_ids": (ids == image_token_id).long() * mask}
     flat = [im for row in images for im in row]
     if flat:
-        batch["pixel_values"] = torch.cat([im.pixel_values for im in flat], dim=0)
+        batch["pixel_values"] = torch.cat([im.pixels() for im in flat], dim=0)
         batch["image_grid_thw"] = torch.stack([im.grid_thw for im in flat], dim=0)
     return batch
 

@@ -46,7 +46,7 @@ class EnvSettings:
 class Conversation:
     """Turns text segments and images into token ids with expanded image placeholders."""
 
-    def __init__(self, processor):
+    def __init__(self, processor, keep_pixels: bool = True):
         self.processor, self.tok = processor, processor.tokenizer
         self.image_pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
         self.vision_start = self.tok.convert_tokens_to_ids("<|vision_start|>")
@@ -54,13 +54,20 @@ class Conversation:
         self.eos = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.assistant_close = self.tok.encode("<|im_end|>\n", add_special_tokens=False)
         self.newline = self.tok.encode("\n", add_special_tokens=False)
+        self.keep_pixels = keep_pixels
         self._cache: dict[bytes, ImageInput] = {}
+
+    def _preprocess(self, array) -> torch.Tensor:
+        return self.processor.image_processor(images=[array], return_tensors="pt")["pixel_values"]
 
     def image(self, array) -> ImageInput:
         key = array.tobytes()  # identical frames (a group's first turn) are encoded once
         if key not in self._cache:
             out = self.processor.image_processor(images=[array], return_tensors="pt")
-            self._cache[key] = ImageInput(out["pixel_values"], out["image_grid_thw"][0], array)
+            if self.keep_pixels:
+                self._cache[key] = ImageInput(out["pixel_values"], out["image_grid_thw"][0], array)
+            else:
+                self._cache[key] = ImageInput(None, out["image_grid_thw"][0], array, self._preprocess)
         return self._cache[key]
 
     def encode(self, text: str, images: list[ImageInput]) -> list[int]:

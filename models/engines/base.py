@@ -17,11 +17,20 @@ import torch
 
 @dataclass
 class ImageInput:
-    """One image, preprocessed once and reused for every forward that contains it."""
+    """One image: its raw pixels, patch grid and (unless kept lazy) its preprocessed patches.
 
-    pixel_values: torch.Tensor  # (num_patches, channels * temporal_patch * patch * patch) float
+    Rollouts keep ``pixel_values`` so an image is preprocessed once per step. Large datasets
+    (SFT) keep only the uint8 ``array`` (~10x smaller) and set ``preprocess`` to recompute the
+    patches when a batch needs them.
+    """
+
+    pixel_values: torch.Tensor | None  # (num_patches, channels * temporal_patch * patch * patch) float
     grid_thw: torch.Tensor  # (3,) long: temporal, height, width in patches
     array: object = None  # the original (H, W, 3) uint8 image, for engines that take raw images
+    preprocess: object = None  # callable(array) -> pixel_values, used when pixel_values is None
+
+    def pixels(self) -> torch.Tensor:
+        return self.pixel_values if self.pixel_values is not None else self.preprocess(self.array)
 
     @property
     def num_tokens(self) -> int:

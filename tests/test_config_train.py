@@ -1,0 +1,110 @@
+"""Config tree: every group composes; typos and bad values fail early; train.py runs end to end."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from conf.schema import ConfigError, register, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+register()
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["model", "env", "algo", "reward", "engine", "cluster"])
+def test_every_option_of_every_group_composes_and_validates(group):
+    for option in _options(group):
+        cfg = _compose([f"{group}={option}", "algo.mazes_per_step=16"])
+        if group != "engine":
+            validate(cfg)
+        assert group == "env" or cfg[group].name == option
+
+
+def test_experiment_reference_8b_composes():
+    cfg = _compose(["+experiment=reference_8b"])
+    assert cfg.model.name == "qwen3_vl_8b" and cfg.cluster.nproc_per_node == 8 and cfg.engine.name == "vllm"
+    validate(cfg)
+
+
+def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+        _compose(["algo.group_sise=4"])
+    with pytest.raises(ConfigCompositionException, match="grpoo"):
+        _compose(["algo=grpoo"])
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        _compose(["algo.group_size=abc"])
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["algo.group_size=1"], "algo.group_size"),
+    (["algo.mazes_per_step=3", "cluster=cpu2"], "algo.mazes_per_step"),
+    (["env.size=10"], "env.size"),
+    (["algo.loss_agg=mean"], "algo.loss_agg"),
+    (["env.generators=[wilson,dfs]"], "env.generators"),
+    (["algo.top_p=0"], "algo.top_p"),
+])
+def test_validation_names_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
+        validate(_compose(overrides))
+
+
+def _run(args, timeout=600, env_extra=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_config_error_is_one_line_before_any_heavy_work():
+    proc = _run(["algo.group_size=1"])
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == ["config error: algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std"]
+
+
+def test_dry_run_prints_the_8gpu_plan_without_loading_weights():
+    proc = _run(["model=qwen3_vl_8b", "engine=vllm", "cluster=8gpu", "dry_run=true"],
+                env_extra={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "world size 8" in proc.stdout and "engine vllm" in proc.stdout and "per-device memory" in proc.stdout
+
+
+TINY = ["algo.mazes_per_step=2", "algo.group_size=2", "env.max_turns=2", "algo.max_new_tokens=8",
+        "trainer.eval_every=2", "trainer.eval_suites=[size7]", "trainer.save_every=1", "trainer.keep_last=2"]
+
+
+def test_train_runs_logs_checkpoints_and_resumes(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    proc = _run([*TINY, "trainer.steps=2", f"hydra.run.dir={run}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["step_1", "step_2"]
+    assert (run / "checkpoints/step_2/policy/model.safetensors").is_file()
+    assert (run / "eval/step_2/report.json").is_file()
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ["rollout/success_rate", "loss/pg", "loss/logprob_gap", "perf/step_s", "eval/size7/success_rate"]:
+        assert tag in tags, tag
+    assert "config" in " ".join(acc.Tags()["tensors"])
+    # resume=auto continues from step 2 to step 3 in the same run dir
+    proc = _run([*TINY, "trainer.steps=3", f"hydra.run.dir={run}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "step 3/3" in proc.stdout
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_3"]

@@ -1,0 +1,159 @@
+"""Tiny Qwen3-VL offline, the hf engine, and multi-turn token-in/token-out rollouts."""
+
+import pytest
+import torch
+
+import maze
+from models.engines.base import SamplingParams, banned_token_ids
+from models.engines.hf import HFEngine
+from models.tiny import CHAT_TEMPLATE, build_tiny
+from rl.logprobs import collate, token_logprobs
+from rl.rollout import EnvSettings, rollout
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, processor = build_tiny(seed=0)
+    return model, processor
+
+
+def test_tiny_is_deterministic_and_roundtrips_offline(tiny, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model, processor = tiny
+    again, _ = build_tiny(seed=0)
+    for (n, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
+        assert torch.equal(p, q), n
+    other, _ = build_tiny(seed=1)
+    assert not torch.equal(model.lm_head.weight, other.lm_head.weight)
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path)
+    proc2 = AutoProcessor.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == "Qwen3VLForConditionalGeneration"
+    assert type(proc2).__name__ == type(processor).__name__
+    for (n, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(p, q), n
+    text = "You moved up. <action>left</action>"
+    assert proc2.tokenizer.encode(text) == processor.tokenizer.encode(text)
+    assert proc2.tokenizer.decode(processor.tokenizer.encode(text)) == text
+
+
+def test_processor_expands_one_token_per_cell(tiny):
+    _, processor = tiny
+    env = maze.MazeEnv(size=9, pixels_per_cell=32)
+    obs, _ = env.reset(seed=0)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": obs["text"]}]}],
+        add_generation_prompt=True, tokenize=False)
+    out = processor(text=[text], images=[obs["image"]], return_tensors="pt")
+    image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((out["input_ids"] == image_id).sum()) == 81  # 288 px / 32 px per merged token = 9 x 9
+    assert out["mm_token_type_ids"].sum() == 81
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny):
+    model, processor = tiny
+    engine = HFEngine(model, processor)
+    mazes = maze.TrainSampler(seed=3).take(2)
+    env = EnvSettings(max_turns=3)
+    return engine, rollout(engine, processor, mazes, 3, env, SamplingParams(temperature=1.0, max_new_tokens=12,
+                                                                            seed=7))
+
+
+def test_trainer_logprobs_match_engine_on_every_sampled_token(tiny, trajectories):
+    model, _ = tiny
+    engine, trajs = trajectories
+    batch = collate([t.token_ids for t in trajs], [t.images for t in trajs], engine.pad_id, engine.image_token_id)
+    logp = token_logprobs(model, batch, engine.banned_token_ids, 1.0)
+    worst = 0.0
+    for row, t in enumerate(trajs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        assert mask.any()
+        diff = (logp[row, :len(t.token_ids)][mask] - torch.tensor(t.rollout_logprobs)[mask]).abs().max()
+        worst = max(worst, float(diff))
+    assert worst < 1e-4, worst
+
+
+def test_loss_mask_is_exactly_the_generated_tokens_and_decoding_gives_the_conversation(tiny, trajectories):
+    _, processor = tiny
+    _, trajs = trajectories
+    tok = processor.tokenizer
+    for t in trajs:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.rollout_logprobs)
+        # mask-1 runs are the generated turns, in order
+        runs, cur = [], []
+        for tid, m in zip(t.token_ids, t.loss_mask):
+            if m:
+                cur.append(tid)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        assert [tok.decode(r, skip_special_tokens=True) for r in runs] == t.actions
+        assert all(lp == 0.0 for lp, m in zip(t.rollout_logprobs, t.loss_mask) if not m)
+        # rebuild the conversation with the chat template and compare text
+        messages = [{"role": "system", "content": maze.SYSTEM_PROMPT},
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": maze.MazeEnv().task_prompt}]}]
+        for k, (run, info) in enumerate(zip(runs, t.infos)):
+            messages.append({"role": "assistant", "content": tok.decode([x for x in run if x != tok.eos_token_id])})
+            if k < len(t.infos) - 1:
+                feedback = _feedback_of(t, k)
+                messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": feedback}]})
+        text = processor.apply_chat_template(messages, tokenize=False, chat_template=CHAT_TEMPLATE)
+        n_img = t.images[0].num_tokens
+        text = text.replace("<|image_pad|>", "<|image_pad|>" * n_img)
+        assert tok.decode(t.token_ids) == text
+
+
+def _feedback_of(t, k):
+    """Re-play the episode's env to get the feedback after turn k."""
+    env = maze.MazeEnv(size=t.maze.size, pixels_per_cell=32, max_turns=3)
+    env.reset(options={"maze": t.maze})
+    obs = None
+    for action in t.actions[:k + 1]:
+        obs, *_ = env.step(action)
+    return obs["text"]
+
+
+def test_banned_tokens_are_never_sampled(tiny, trajectories):
+    _, processor = tiny
+    _, trajs = trajectories
+    banned = set(banned_token_ids(processor.tokenizer))
+    assert len(banned) == 6
+    for t in trajs:
+        assert not banned & {tid for tid, m in zip(t.token_ids, t.loss_mask) if m}
+
+
+def test_groups_share_a_maze_and_episodes_end(trajectories):
+    _, trajs = trajectories
+    assert len(trajs) == 6
+    assert [t.group for t in trajs] == [0, 0, 0, 1, 1, 1]
+    assert trajs[0].maze == trajs[2].maze and trajs[0].maze != trajs[3].maze
+    assert all(t.finish in ("success", "stop_wrong", "max_turns", "context") for t in trajs)
+    assert all(1 <= t.num_turns <= 3 for t in trajs)
+
+
+def test_max_images_in_context_drops_oldest(tiny):
+    model, processor = tiny
+    engine = HFEngine(model, processor)
+    m = maze.TrainSampler(seed=5).take(1)
+    trajs = rollout(engine, processor, m, 2, EnvSettings(max_turns=4, max_images_in_context=2),
+                    SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    for t in trajs:
+        assert len(t.images) <= 2
+        assert t.token_ids.count(image_id) == sum(im.num_tokens for im in t.images)
+        if t.num_turns >= 3:
+            assert t.images_dropped >= 1
+
+
+def test_greedy_generation_is_reproducible(tiny):
+    model, processor = tiny
+    engine = HFEngine(model, processor)
+    m = maze.TrainSampler(seed=9).take(2)
+    a = rollout(engine, processor, m, 1, EnvSettings(max_turns=2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    b = rollout(engine, processor, m, 1, EnvSettings(max_turns=2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
