@@ -292,25 +292,15 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             mask_all[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
             rollout_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
 
-        def score_batch(model, rows, with_entropy=False, grad=False):
-            """Trainer logprobs (and entropy) for the selected rows, in micro-batches."""
-            outs = []
-            for lo in range(0, len(rows), a.micro_batch):
-                sel = rows[lo:lo + a.micro_batch]
-                b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
-                with torch.set_grad_enabled(grad):
-                    outs.append(token_logprobs(model, b, banned, a.temperature, with_entropy))
-            return outs
-
         all_rows = list(range(len(trajs)))
         old_lp = ref_lp = None
         multi_update = not sft and (a.ppo_epochs > 1 or a.minibatches > 1)
         # on-policy with one update: the update's own forward gives the old logprobs (no extra pass)
         if multi_update or (reference is not None and a.kl_in == "reward"):
             policy.eval()
-            old_lp = _pad_cat([o for o in score_batch(policy, all_rows)], mask_all.shape[1])
+            old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
         if reference is not None:
-            ref_lp = _pad_cat(score_batch(reference, all_rows), mask_all.shape[1])
+            ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
         kl_seq = None
         if ref_lp is not None and a.kl_in == "reward":
             kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
@@ -459,9 +449,19 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     return score
 
 
-def _pad_cat(chunks: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Concatenate (n_i, T_i) micro-batch outputs into (N, width), right-padding with zeros."""
-    return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks], dim=0)
+@torch.no_grad()
+def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature) -> torch.Tensor:
+    """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad."""
+    from rl.logprobs import collate, token_logprobs
+
+    width = max(len(trajs[i].token_ids) for i in rows)
+    chunks = []
+    for lo in range(0, len(rows), micro_batch):
+        sel = rows[lo:lo + micro_batch]
+        b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
+        lp = token_logprobs(model, b, banned, temperature)
+        chunks.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+    return torch.cat(chunks, dim=0)
 
 
 if __name__ == "__main__":

@@ -108,3 +108,11 @@ def test_train_runs_logs_checkpoints_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "step 3/3" in proc.stdout
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_3"]
+
+
+@pytest.mark.parametrize("algo", [["algo=gspo", "algo.ppo_epochs=2", "algo.kl_coef=0.01", "algo.kl_in=reward"],
+                                  ["algo=dapo", "algo.minibatches=2", "algo.kl_coef=0.01", "algo.tis_cap=2.0"]])
+def test_train_variants_with_reference_and_several_updates(tmp_path, algo):
+    proc = _run([*TINY, *algo, "trainer.steps=1", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 1/1" in proc.stdout and "loss nan" not in proc.stdout
