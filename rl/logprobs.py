@@ -14,11 +14,11 @@ from models.engines.base import ImageInput
 
 
 def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: int, image_token_id: int,
-            left_pad: bool = False) -> dict[str, torch.Tensor]:
+            left_pad: bool = False, with_pixels: bool = True) -> dict[str, torch.Tensor]:
     """Pad token-id sequences into one batch with their images (rows in order).
 
     Returns input_ids (B, T), attention_mask (B, T), mm_token_type_ids (B, T) and, when any
-    image is present, pixel_values (sum patches, D) and image_grid_thw (num_images, 3).
+    image is present, image_grid_thw (num_images, 3) and (``with_pixels``) pixel_values (sum patches, D).
     """
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -31,7 +31,8 @@ def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: 
              "mm_token_type_ids": (ids == image_token_id).long() * mask}
     flat = [im for row in images for im in row]
     if flat:
-        batch["pixel_values"] = torch.cat([im.pixels() for im in flat], dim=0)
+        if with_pixels:
+            batch["pixel_values"] = torch.cat([im.pixels() for im in flat], dim=0)
         batch["image_grid_thw"] = torch.stack([im.grid_thw for im in flat], dim=0)
     return batch
 

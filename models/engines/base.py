@@ -28,6 +28,7 @@ class ImageInput:
     grid_thw: torch.Tensor  # (3,) long: temporal, height, width in patches
     array: object = None  # the original (H, W, 3) uint8 image, for engines that take raw images
     preprocess: object = None  # callable(array) -> pixel_values, used when pixel_values is None
+    features: object = None  # engine-side cache of the vision tower's output for this image (no grad)
 
     def pixels(self) -> torch.Tensor:
         return self.pixel_values if self.pixel_values is not None else self.preprocess(self.array)

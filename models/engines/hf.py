@@ -38,9 +38,35 @@ class HFEngine:
             out.extend(self._generate(prompts[lo:lo + self.micro_batch], sampling))
         return out
 
+    def _encode_images(self, prompts: list[Prompt]):
+        """Vision features of every image in ``prompts``, each image encoded once per rollout.
+
+        A multi-turn context holds all earlier frames; re-running the vision tower on them every
+        turn would cost O(turns^2) encodes. Features are cached on the ``ImageInput`` (which lives
+        for one rollout, i.e. one set of weights) and passed as ``mm_encoder_outputs``.
+        """
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        flat = [im for p in prompts for im in p.images]
+        todo = list({id(im): im for im in flat if im.features is None}.values())
+        if todo:
+            out = self.model.model.get_image_features(torch.cat([im.pixels() for im in todo]),
+                                                      torch.stack([im.grid_thw for im in todo]))
+            for k, im in enumerate(todo):
+                im.features = (out.pooler_output[k], [layer[k] for layer in out.deepstack_features])
+        if not flat:
+            return None
+        layers = len(flat[0].features[1])
+        return {"image": BaseModelOutputWithDeepstackFeatures(
+            pooler_output=tuple(im.features[0] for im in flat),
+            deepstack_features=[tuple(im.features[1][lay] for im in flat) for lay in range(layers)])}
+
     def _generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
         batch = collate([p.token_ids for p in prompts], [p.images for p in prompts], self.pad_id,
-                        self.image_token_id, left_pad=True)
+                        self.image_token_id, left_pad=True, with_pixels=False)
+        encoded = self._encode_images(prompts)
+        if encoded is not None:
+            batch["mm_encoder_outputs"] = encoded
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         was_training = self.model.training
