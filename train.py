@@ -124,7 +124,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.build import load_policy
     from models.engines.base import SamplingParams
     from rl import checkpoint as ckpt_io
-    from rl.evaluation import evaluate_suites, write_report
+    from rl.evaluation import evaluate_suites, model_player, write_report
     from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
     from rl.logprobs import collate, token_logprobs
     from rl.rewards import episode_reward
@@ -179,7 +179,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
         engine = HFEngine(policy, processor, micro_batch=cfg.engine.micro_batch)
     env = EnvSettings(cfg.env.pixels_per_cell, cfg.env.grid_lines, cfg.env.max_turns, cfg.env.require_stop,
-                      cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens)
+                      cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens,
+                      cfg.env.size)
     eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
     banned, pad_id, image_id = engine.banned_token_ids, engine.pad_id, policy.config.image_token_id
 
@@ -230,8 +231,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         score = None
         if D.is_main():
             t0 = time.time()
-            report, trajs = evaluate_suites(engine, processor, list(cfg.trainer.eval_suites), eval_env,
-                                            a.max_new_tokens, progress=True)
+            player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=True)
+            report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites))
             write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step)
             for name, s in report["suites"].items():
                 for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
@@ -262,7 +263,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         D.barrier()
 
     # ---------------------------------------------------------------- the loop
-    score = run_eval(start_step) if start_step == 0 else metrics_state.get("last_score")
+    score = run_eval(0) if start_step == 0 and cfg.trainer.eval_at_start else metrics_state.get("last_score")
     nonfinite_in_row = 0
     for step in range(start_step, total_steps):
         t_step = time.time()

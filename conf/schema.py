@@ -123,6 +123,7 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = 5  # 0 = never; eval also runs at step 0 and at the end when > 0
     eval_suites: list[str] = field(default_factory=lambda: ["fixed64"])
+    eval_at_start: bool = True  # also evaluate before the first step (the "start" of start -> end)
     eval_max_turns: int = 0  # 0 = env.max_turns
     save_every: int = 5  # 0 = only at the end
     resume: str = "auto"  # auto | never | a checkpoint path
@@ -231,3 +232,27 @@ def validate(cfg) -> None:
         raise ConfigError("engine=vllm on GPU expects model.dtype=bfloat16")
     if cfg.trainer.resume not in ("auto", "never") and not cfg.trainer.resume:
         raise ConfigError("trainer.resume must be auto, never or a checkpoint path")
+
+
+@dataclass
+class EvaluateConfig:
+    """Top-level schema of ``evaluate.py`` (conf/evaluate.yaml)."""
+
+    checkpoint: str | None = None  # a vlmaze checkpoint dir (…/step_N), its policy/ dir, an HF dir or hub id
+    policy: str = "model"  # model | oracle | random | wall_follower
+    # suite names, or the string "list" to print the available suites
+    suites: Any = field(default_factory=lambda: ["fixed64", "size7", "size11", "gen_prim", "braided"])
+    samples: int = 1  # episodes per maze; > 1 reports pass@k
+    temperature: float = 0.0  # 0 = greedy; set > 0 with samples > 1
+    seed: int = 0
+    max_new_tokens: int = 24
+    compare: list[str] = field(default_factory=list)  # report.json paths: print a side-by-side table and exit
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    figures: bool = True
+    failed_grid: int = 12  # failed episodes drawn in the failure grid
+
+
+def register_evaluate() -> None:
+    ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)

@@ -2,21 +2,27 @@
 
 Writes the ``report.json`` schema documented in README:
 ``{"suites": {NAME: {"n", "success_rate", "ci95", "mean_step_ratio", "failures", ...}},
-"episodes": [...], "checkpoint", "step"}``.
+"episodes": [...], "checkpoint", "step"}``. Per-episode records carry everything needed to
+recompute the summaries (path included).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from maze.core import Maze
 from maze.evalsets import load_suite
 from models.engines.base import SamplingParams
+from rl.analysis import count_loops, dead_end_stats, failure_class
 from rl.rollout import EnvSettings, rollout
 from rl.types import Trajectory
+
+Player = Callable[[list[Maze], int], list[Trajectory]]  # (mazes, samples per maze) -> trajectories
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -30,27 +36,35 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def failure_class(traj: Trajectory) -> str:
-    if traj.success:
-        return "success"
-    return {"stop_wrong": "stopped_wrong_cell", "max_turns": "timed_out",
-            "context": "context_limit"}.get(traj.finish, traj.finish or "unknown")
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def episode_record(suite: str, traj: Trajectory) -> dict:
+def episode_record(suite: str, traj: Trajectory, sample: int = 0) -> dict:
     info = traj.final_info
     steps, optimal = info.get("moves", 0), info.get("optimal_steps", 0)
+    path = traj.path
+    loops = count_loops(path)
+    dead = dead_end_stats(traj.maze, path)
+    turns = traj.num_turns
     return {
-        "suite": suite, "maze_hash": traj.maze.content_hash, "seed": traj.maze.seed,
-        "size": traj.maze.size, "success": traj.success, "failure": failure_class(traj),
-        "turns": traj.num_turns, "steps": steps, "optimal_steps": optimal,
+        "suite": suite, "maze_hash": traj.maze.content_hash, "seed": traj.maze.seed, "size": traj.maze.size,
+        "generator": traj.maze.generator, "sample": sample, "success": traj.success,
+        "failure": failure_class(traj.success, traj.finish, turns, loops, dead["ended_in_dead_end"],
+                                 info.get("invalid_actions", 0), info.get("bumps", 0)),
+        "turns": turns, "steps": steps, "optimal_steps": optimal,
         "step_ratio": (steps / optimal) if traj.success and optimal > 0 else None,
+        "wasted_steps": (steps - optimal) if traj.success else None,
         "bumps": info.get("bumps", 0), "invalid_actions": info.get("invalid_actions", 0),
-        "revisits": info.get("revisits", 0), "path": [list(p) for p in traj.path],
+        "revisits": info.get("revisits", 0), "loops": loops, **dead,
+        "path": [list(p) for p in path],
     }
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[dict], samples: int = 1) -> dict:
     n = len(records)
     wins = sum(r["success"] for r in records)
     ratios = [r["step_ratio"] for r in records if r["step_ratio"] is not None]
@@ -58,30 +72,51 @@ def summarize(records: list[dict]) -> dict:
     for r in records:
         if not r["success"]:
             failures[r["failure"]] = failures.get(r["failure"], 0) + 1
-    return {
-        "n": n, "successes": wins, "success_rate": wins / n if n else 0.0,
-        "ci95": list(wilson_interval(wins, n)),
+
+    def mean(key):
+        return float(np.mean([r[key] for r in records])) if n else 0.0
+
+    out = {
+        "n": n, "successes": wins, "success_rate": wins / n if n else 0.0, "ci95": list(wilson_interval(wins, n)),
         "mean_step_ratio": float(np.mean(ratios)) if ratios else None,
         "median_step_ratio": float(np.median(ratios)) if ratios else None,
         "failures": failures,
-        "mean_bumps": float(np.mean([r["bumps"] for r in records])) if n else 0.0,
-        "mean_invalid_actions": float(np.mean([r["invalid_actions"] for r in records])) if n else 0.0,
-        "mean_revisits": float(np.mean([r["revisits"] for r in records])) if n else 0.0,
+        "mean_bumps": mean("bumps"), "mean_invalid_actions": mean("invalid_actions"),
+        "mean_revisits": mean("revisits"), "mean_loops": mean("loops"),
+        "mean_dead_end_entries": mean("dead_end_entries"),
+        "dead_end_backtrack_rate": (sum(r["dead_end_backtracks"] for r in records)
+                                    / max(1, sum(r["dead_end_entries"] for r in records))),
     }
+    if samples > 1:
+        by_maze: dict[str, list[bool]] = {}
+        for r in records:
+            by_maze.setdefault(r["maze_hash"], []).append(r["success"])
+        for k in sorted({1, samples} | ({samples // 2} if samples >= 4 else set())):
+            out[f"pass@{k}"] = float(np.mean([pass_at_k(len(v), sum(v), k) for v in by_maze.values()]))
+    return out
 
 
-def evaluate_suites(engine, processor, suites: list[str], env: EnvSettings, max_new_tokens: int,
-                    progress: bool = False) -> tuple[dict, list[Trajectory]]:
-    """Greedy episodes on every maze of every suite. Returns (report, trajectories)."""
+def model_player(engine, processor, env: EnvSettings, max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0, progress: bool = False) -> Player:
+    """The policy model through its engine: greedy by default, sampled when temperature > 0."""
+
+    def play(mazes: list[Maze], samples: int) -> list[Trajectory]:
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                  seed=seed if temperature > 0 else None)
+        return rollout(engine, processor, mazes, samples, env, sampling, progress=progress, desc="eval")
+
+    return play
+
+
+def evaluate_suites(player: Player, suites: list[str], samples: int = 1) -> tuple[dict, list[Trajectory]]:
+    """Play every maze of every suite. Returns (report without checkpoint/step, trajectories)."""
     report = {"suites": {}, "episodes": []}
     all_trajs = []
     for name in suites:
-        mazes = list(load_suite(name).mazes)
-        trajs = rollout(engine, processor, mazes, 1, env,
-                        SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
-                        progress=progress, desc=f"eval {name}")
-        records = [episode_record(name, t) for t in trajs]
-        report["suites"][name] = summarize(records)
+        suite = load_suite(name)
+        trajs = player(list(suite.mazes), samples)
+        records = [episode_record(name, t, k % samples) for k, t in enumerate(trajs)]
+        report["suites"][name] = summarize(records, samples)
         report["episodes"].extend(records)
         all_trajs.extend(trajs)
     return report, all_trajs
@@ -90,7 +125,41 @@ def evaluate_suites(engine, processor, suites: list[str], env: EnvSettings, max_
 def write_report(report: dict, out_dir: str | Path, checkpoint: str | None, step: int | None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report = {**report, "checkpoint": checkpoint, "step": step}
     path = out / "report.json"
-    path.write_text(json.dumps(report, indent=1))
+    path.write_text(json.dumps({**report, "checkpoint": checkpoint, "step": step}, indent=1))
     return path
+
+
+def report_markdown(report: dict) -> str:
+    """One table of all suites plus the failure breakdown."""
+    lines = ["| suite | n | success | 95% CI | mean step ratio | loops | bumps | invalid | dead-end entries "
+             "| backtrack rate | failures |", "|" + " --- |" * 11]
+    for name, s in report["suites"].items():
+        ratio = f"{s['mean_step_ratio']:.2f}" if s["mean_step_ratio"] is not None else "-"
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(s["failures"].items(), key=lambda kv: -kv[1])) or "-"
+        lines.append(f"| {name} | {s['n']} | {s['success_rate']:.3f} | [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] | "
+                     f"{ratio} | {s['mean_loops']:.2f} | {s['mean_bumps']:.2f} | {s['mean_invalid_actions']:.2f} | "
+                     f"{s['mean_dead_end_entries']:.2f} | {s['dead_end_backtrack_rate']:.2f} | {fails} |")
+    passes = {k for s in report["suites"].values() for k in s if k.startswith("pass@")}
+    if passes:
+        keys = sorted(passes, key=lambda k: int(k[5:]))
+        lines += ["", "| suite | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+        for name, s in report["suites"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{s.get(k, 0):.3f}" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_reports(paths: list[str]) -> str:
+    """Side-by-side success rates; marks differences whose 95 % intervals do not overlap."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    names = [n for n in reports[0]["suites"] if all(n in r["suites"] for r in reports[1:])]
+    head = "| suite | " + " | ".join(f"{Path(p).parent.name or p}" for p in paths) + " | diff (last - first) | outside CIs |"
+    lines = [head, "|" + " --- |" * (len(paths) + 3)]
+    for n in names:
+        ss = [r["suites"][n] for r in reports]
+        cells = [f"{s['success_rate']:.3f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" for s in ss]
+        a, b = ss[0], ss[-1]
+        separate = a["ci95"][1] < b["ci95"][0] or b["ci95"][1] < a["ci95"][0]
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {b['success_rate'] - a['success_rate']:+.3f} | "
+                     f"{'yes' if separate else 'no'} |")
+    return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ corrects for it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,11 @@ class EnvSettings:
     max_moves_per_turn: int = 1
     max_images_in_context: int = 0  # 0 keeps every image
     max_context_tokens: int = 8192
+    ref_size: int = 9  # max_turns is the budget at this maze size; larger mazes get it scaled by area
+
+    def turns_for(self, size: int) -> int:
+        """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
+        return max(self.max_turns, math.ceil(self.max_turns * (size / self.ref_size) ** 2))
 
 
 class Conversation:
@@ -119,7 +125,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
     for g, maze in enumerate(mazes):
         for _ in range(group_size):
             e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
-                        max_turns=env.max_turns, require_stop=env.require_stop,
+                        max_turns=env.turns_for(maze.size), require_stop=env.require_stop,
                         max_moves_per_turn=env.max_moves_per_turn)
             obs, _ = e.reset(options={"maze": maze})
             t = Trajectory(maze=maze, group=g)
@@ -129,7 +135,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
             trajs.append(t)
             envs.append(e)
     live = list(range(len(trajs)))
-    bar = tqdm(total=env.max_turns, desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=max(env.turns_for(m.size) for m in mazes), desc=desc, disable=not progress, leave=False)
     turn = 0
     while live:
         seed = None if sampling.seed is None else sampling.seed + turn

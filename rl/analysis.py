@@ -1,0 +1,82 @@
+"""Failure analysis of one episode's path: loops, dead-end entries and backtracks, failure class.
+
+Definitions (all on the sequence of cells the agent occupied, consecutive repeats from wall bumps
+and invalid actions collapsed):
+
+- *loop*: the agent returns to a cell and then repeats the exact cell sequence it walked since its
+  previous visit there (going round a cycle a second time, or oscillating A-B-A-B). Each repeat is
+  counted once.
+- *dead-end entry*: a step from a cell on the maze's shortest start-goal path into a cell off it
+  (into a side branch; in a perfect maze every such branch is a dead end). A *backtrack* is the
+  later step back onto the path from that branch; an episode that ends inside a branch ends
+  *in_dead_end*.
+- failure class (one per failed episode, first match wins): stopped_wrong_cell, context_limit,
+  then for time-outs: looping, stuck_in_dead_end, invalid_actions (over half the turns invalid),
+  wall_bumping (over half the turns bumps), timed_out.
+"""
+
+from __future__ import annotations
+
+from maze.core import Maze
+from maze.solver import shortest_path
+
+FAILURE_CLASSES = ("stopped_wrong_cell", "context_limit", "looping", "stuck_in_dead_end", "invalid_actions",
+                   "wall_bumping", "timed_out")
+
+
+def collapse(path: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Drop consecutive duplicates (turns where the agent did not move)."""
+    out = []
+    for p in path:
+        if not out or out[-1] != p:
+            out.append(tuple(p))
+    return out
+
+
+def count_loops(path: list[tuple[int, int]]) -> int:
+    """Number of repeated cycles in the (collapsed) path; see the module docstring."""
+    cells = collapse(path)
+    last_seen: dict[tuple[int, int], int] = {}
+    loops, skip_until = 0, -1
+    for j, cell in enumerate(cells):
+        i = last_seen.get(cell)
+        if i is not None and j >= skip_until:
+            length = j - i
+            if length >= 2 and cells[j:j + length] == cells[i:j]:
+                loops += 1
+                skip_until = j + length  # count each repeat once
+        last_seen[cell] = j
+    return loops
+
+
+def dead_end_stats(maze: Maze, path: list[tuple[int, int]]) -> dict:
+    """Dead-end entries, backtracks out of them, and whether the episode ended inside one."""
+    on_path = set(shortest_path(maze))
+    cells = collapse(path)
+    entries = backtracks = 0
+    for a, b in zip(cells, cells[1:]):
+        if a in on_path and b not in on_path:
+            entries += 1
+        elif a not in on_path and b in on_path:
+            backtracks += 1
+    return {"dead_end_entries": entries, "dead_end_backtracks": backtracks,
+            "ended_in_dead_end": bool(cells) and cells[-1] not in on_path}
+
+
+def failure_class(success: bool, finish: str, turns: int, loops: int, ended_in_dead_end: bool,
+                  invalid_actions: int, bumps: int) -> str:
+    if success:
+        return "success"
+    if finish == "stop_wrong":
+        return "stopped_wrong_cell"
+    if finish == "context":
+        return "context_limit"
+    if loops > 0:
+        return "looping"
+    if ended_in_dead_end:
+        return "stuck_in_dead_end"
+    if turns and invalid_actions > turns / 2:
+        return "invalid_actions"
+    if turns and bumps > turns / 2:
+        return "wall_bumping"
+    return "timed_out"

@@ -1,0 +1,75 @@
+"""Reference policies played through the same environment, trajectories and metrics as the model.
+
+- ``oracle``: the BFS expert from wherever it stands; must score 100 % with step ratio 1.0.
+- ``random``: a uniformly random move each turn, ``stop`` only when on the goal (a random walker
+  that recognises the goal, so its success rate is the chance of hitting the goal in time).
+- ``wall_follower``: the right-hand rule, a classic hand-written baseline; it solves every perfect
+  maze given enough turns, and can circle forever around an island in a braided one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maze.core import MOVES, Maze
+from maze.env import MazeEnv
+from maze.solver import expert_actions
+from rl.rollout import EnvSettings
+from rl.types import Trajectory
+
+POLICIES = ("oracle", "random", "wall_follower")
+_RIGHT_OF = {"up": "right", "right": "down", "down": "left", "left": "up"}
+_LEFT_OF = {v: k for k, v in _RIGHT_OF.items()}
+_BACK = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+def _oracle(env: MazeEnv, state: dict, rng) -> str:
+    if env.position == env.maze.goal:
+        return "stop"
+    return expert_actions(env.maze, env.position)[0]
+
+
+def _random(env: MazeEnv, state: dict, rng) -> str:
+    if env.position == env.maze.goal:
+        return "stop"
+    return list(MOVES)[int(rng.integers(4))]
+
+
+def _wall_follower(env: MazeEnv, state: dict, rng) -> str:
+    if env.position == env.maze.goal:
+        return "stop"
+    heading = state.setdefault("heading", "down")
+    r, c = env.position
+    for move in (_RIGHT_OF[heading], heading, _LEFT_OF[heading], _BACK[heading]):
+        dr, dc = MOVES[move]
+        if env.maze.is_floor((r + dr, c + dc)):
+            state["heading"] = move
+            return move
+    return "stop"  # boxed in (cannot happen in a connected maze)
+
+
+_ACT = {"oracle": _oracle, "random": _random, "wall_follower": _wall_follower}
+
+
+def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, samples: int = 1) -> list[Trajectory]:
+    """Play ``samples`` episodes of ``policy`` on each maze; group-major like ``rl.rollout.rollout``."""
+    if policy not in _ACT:
+        raise ValueError(f"unknown policy {policy!r}; choose from model, {', '.join(POLICIES)}")
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for g, maze in enumerate(mazes):
+        for _ in range(samples):
+            e = MazeEnv(size=maze.size, pixels_per_cell=4, max_turns=env.turns_for(maze.size), require_stop=env.require_stop,
+                        max_moves_per_turn=1)
+            e.reset(options={"maze": maze})
+            t, state = Trajectory(maze=maze, group=g), {}
+            while True:
+                text = f"<action>{_ACT[policy](e, state, rng)}</action>"
+                _, _, terminated, truncated, info = e.step(text)
+                t.actions.append(text)
+                t.infos.append(info)
+                if terminated or truncated:
+                    t.finish = "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"] else "max_turns")
+                    break
+            trajs.append(t)
+    return trajs
