@@ -153,7 +153,8 @@ def compare_reports(paths: list[str]) -> str:
     """Side-by-side success rates; marks differences whose 95 % intervals do not overlap."""
     reports = [json.loads(Path(p).read_text()) for p in paths]
     names = [n for n in reports[0]["suites"] if all(n in r["suites"] for r in reports[1:])]
-    head = "| suite | " + " | ".join(f"{Path(p).parent.name or p}" for p in paths) + " | diff (last - first) | outside CIs |"
+    runs = " | ".join(f"{Path(p).parent.name or p}" for p in paths)
+    head = f"| suite | {runs} | diff (last - first) | outside CIs |"
     lines = [head, "|" + " --- |" * (len(paths) + 3)]
     for n in names:
         ss = [r["suites"][n] for r in reports]

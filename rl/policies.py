@@ -15,7 +15,7 @@ from maze.core import MOVES, Maze
 from maze.env import MazeEnv
 from maze.solver import expert_actions
 from rl.rollout import EnvSettings
-from rl.types import Trajectory
+from rl.types import Trajectory, finish_reason
 
 POLICIES = ("oracle", "random", "wall_follower")
 _RIGHT_OF = {"up": "right", "right": "down", "down": "left", "left": "up"}
@@ -59,8 +59,8 @@ def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, sample
     trajs = []
     for g, maze in enumerate(mazes):
         for _ in range(samples):
-            e = MazeEnv(size=maze.size, pixels_per_cell=4, max_turns=env.turns_for(maze.size), require_stop=env.require_stop,
-                        max_moves_per_turn=1)
+            e = MazeEnv(size=maze.size, pixels_per_cell=4, max_turns=env.turns_for(maze.size),
+                        require_stop=env.require_stop, max_moves_per_turn=1)
             e.reset(options={"maze": maze})
             t, state = Trajectory(maze=maze, group=g), {}
             while True:
@@ -69,7 +69,7 @@ def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, sample
                 t.actions.append(text)
                 t.infos.append(info)
                 if terminated or truncated:
-                    t.finish = "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"] else "max_turns")
+                    t.finish = finish_reason(info)
                     break
             trajs.append(t)
     return trajs

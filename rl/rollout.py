@@ -26,7 +26,7 @@ from tqdm import tqdm
 from maze.core import Maze
 from maze.env import SYSTEM_PROMPT, MazeEnv
 from models.engines.base import ImageInput, Prompt, SamplingParams
-from rl.types import Trajectory
+from rl.types import Trajectory, finish_reason
 
 IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -152,8 +152,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
             t.infos.append(info)
             closed = bool(comp.token_ids) and comp.token_ids[-1] == conv.eos
             if terminated or truncated:
-                t.finish = "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"]
-                                                              else "max_turns")
+                t.finish = finish_reason(info)
                 _extend(t, conv.newline if closed else conv.assistant_close, 0)
                 continue
             image = conv.image(obs["image"])

@@ -41,3 +41,8 @@ class Trajectory:
     @property
     def response_tokens(self) -> int:
         return int(sum(self.loss_mask))
+
+
+def finish_reason(info: dict) -> str:
+    """How an episode that the env ended finished: success | stop_wrong | max_turns."""
+    return "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"] else "max_turns")
