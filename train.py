@@ -121,7 +121,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from torch.utils.tensorboard import SummaryWriter
 
     from maze.evalsets import TrainSampler
+    from maze.render import render_path
     from models.build import load_policy
+    from models.distributed import full_state_dict, wrap_fsdp2
     from models.engines.base import SamplingParams
     from rl import checkpoint as ckpt_io
     from rl.evaluation import evaluate_suites, model_player, write_report
@@ -163,13 +165,13 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     if a.kl_coef > 0 and not sft:  # no reference model unless KL is on
         reference, _ = load_policy(cfg.model, device)
         reference.eval().requires_grad_(False)
-    if world > 1 and cfg.cluster.parallel == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    fsdp = world > 1 and cfg.cluster.parallel == "fsdp2"
+    rollout_model = policy  # hf engine: the trainer's own module, or an unsharded copy under FSDP2
+    if fsdp:
+        import copy
 
-        fully_shard(policy.model.visual)  # the vision tower is its own unit, so generate works
-        for layer in policy.model.language_model.layers:
-            fully_shard(layer)
-        fully_shard(policy)
+        rollout_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        wrap_fsdp2(policy)  # vision tower, each decoder layer, root
     if cfg.engine.name == "vllm":
         from models.engines.vllm import VLLMEngine
 
@@ -177,7 +179,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     else:
         from models.engines.hf import HFEngine
 
-        engine = HFEngine(policy, processor, micro_batch=cfg.engine.micro_batch)
+        engine = HFEngine(rollout_model, processor, micro_batch=cfg.engine.micro_batch)
     env = EnvSettings(cfg.env.pixels_per_cell, cfg.env.grid_lines, cfg.env.max_turns, cfg.env.require_stop,
                       cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens,
                       cfg.env.size)
@@ -204,7 +206,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     start_step, metrics_state = 0, {}
     if start_ckpt is not None:
         state = ckpt_io.load_trainer_state(start_ckpt)
-        optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+        else:
+            log.warning("%s holds no optimizer state (FSDP2 run): AdamW moments restart from zero", start_ckpt)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         ckpt_io.set_rng_state(state["rng"], state["torch_rng"])
@@ -230,35 +235,45 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             return None
         score = None
         if D.is_main():
-            t0 = time.time()
-            player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=True)
-            report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites))
-            write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step)
-            for name, s in report["suites"].items():
-                for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
-                            "mean_invalid_actions"):
-                    if s[key] is not None:
-                        writer.add_scalar(f"eval/{name}/{key}", s[key], step)
-            score = report["suites"][cfg.trainer.eval_suites[0]]["success_rate"]
-            for k, t in enumerate(trajs[: cfg.trainer.log_transcripts]):
-                writer.add_text(f"eval/transcript_{k}", "\n\n".join(
-                    f"turn {i}: `{act[:200]}` -> {info['event']}" for i, (act, info) in
-                    enumerate(zip(t.actions, t.infos))), step)
-                from maze.render import render_path
-
-                img = np.asarray(render_path(t.maze, t.path, pixels_per_cell=20))
-                writer.add_image(f"eval/path_{k}", img, step, dataformats="HWC")
-            D.print0(f"eval step {step}: " + "  ".join(
-                f"{n} {s['success_rate']:.3f} [{s['ci95'][0]:.2f},{s['ci95'][1]:.2f}]"
-                for n, s in report["suites"].items()) + f"  ({time.time() - t0:.0f}s)")
+            score = _eval_on_main(step)
         D.barrier()
         return score
 
+    def _eval_on_main(step: int) -> float:
+        """Eval suites greedily on rank 0; TensorBoard scalars, transcripts and path images."""
+        t0 = time.time()
+        player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=True)
+        report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites))
+        write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step)
+        for name, s in report["suites"].items():
+            for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
+                        "mean_invalid_actions", "mean_loops", "mean_dead_end_entries"):
+                if s[key] is not None:
+                    writer.add_scalar(f"eval/{name}/{key}", s[key], step)
+        score = report["suites"][cfg.trainer.eval_suites[0]]["success_rate"]
+        for k, t in enumerate(trajs[: cfg.trainer.log_transcripts]):
+            writer.add_text(f"eval/transcript_{k}", "\n\n".join(
+                f"turn {i}: `{act[:200]}` -> {info['event']}" for i, (act, info) in
+                enumerate(zip(t.actions, t.infos))), step)
+            img = np.asarray(render_path(t.maze, t.path, pixels_per_cell=20))
+            writer.add_image(f"eval/path_{k}", img, step, dataformats="HWC")
+        D.print0(f"eval step {step}: " + "  ".join(
+            f"{n} {s['success_rate']:.3f} [{s['ci95'][0]:.2f},{s['ci95'][1]:.2f}]"
+            for n, s in report["suites"].items()) + f"  ({time.time() - t0:.0f}s)")
+        return score
+
     def save(step: int) -> None:
+        checksum = D.check_in_sync(policy)  # every rank must hold the same weights
+        if world > 1:
+            D.print0(f"ranks in sync at step {step}: parameter checksum {checksum:.6f}")
+        model_state, optim_state = None, optimizer.state_dict()
+        if fsdp:  # gather the full (unsharded) weights on every rank; rank 0 writes them
+            model_state = full_state_dict(policy)
+            optim_state = None  # known gap: sharded AdamW moments are not checkpointed under FSDP2 yet
         if D.is_main():
-            path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optimizer, scheduler, sampler,
+            path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optim_state, scheduler, sampler,
                                            {"last_score": metrics_state.get("last_score")},
-                                           keep_last=cfg.trainer.keep_last)
+                                           keep_last=cfg.trainer.keep_last, model_state=model_state)
             D.print0(f"saved {path}")
         D.barrier()
 
@@ -386,8 +401,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             raise SystemExit(f"stopping: {nonfinite_in_row} steps in a row had a non-finite loss or gradient "
                              f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps})")
 
-        # 4. weight sync (vLLM: push the new weights; hf shares the module)
-        engine.update_weights(policy.state_dict() if cfg.engine.name == "vllm" else None)
+        # 4. weight sync: vLLM and the FSDP2 engine copy get the new full weights; plain hf shares the module
+        if fsdp:
+            engine.update_weights(full_state_dict(policy, cpu_offload=False))  # every rank needs them
+        elif cfg.engine.name == "vllm":
+            engine.update_weights(policy.state_dict())
 
         # 5. log
         step_done = step + 1

@@ -98,7 +98,7 @@ def tiny_config(tokenizer) -> Qwen3VLConfig:
     head_dim = 32
     text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=head_dim, max_position_embeddings=8192, tie_word_embeddings=True,
+                head_dim=head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [6, 5, 5], "mrope_interleaved": True},
                 pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"))
@@ -109,7 +109,7 @@ def tiny_config(tokenizer) -> Qwen3VLConfig:
     return Qwen3VLConfig(text_config=text, vision_config=vision,
                          image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                          vision_start_token_id=ids("<|vision_start|>"),
-                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=True)
+                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False)
 
 
 def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 * 320):

@@ -66,19 +66,23 @@ def set_rng_state(state: dict, torch_state: torch.Tensor | None) -> None:
         torch.set_rng_state(torch_state)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, processor, optimizer=None, scheduler=None,
-                    sampler=None, metrics: dict | None = None, keep_last: int = 0) -> Path:
-    """Write ``checkpoints/step_<step>`` atomically; prune to the newest ``keep_last`` (0 = keep all)."""
+def save_checkpoint(run_dir: str | Path, step: int, model, processor, optimizer_state: dict | None = None,
+                    scheduler=None, sampler=None, metrics: dict | None = None, keep_last: int = 0,
+                    model_state: dict | None = None) -> Path:
+    """Write ``checkpoints/step_<step>`` atomically; prune to the newest ``keep_last`` (0 = keep all).
+
+    ``model_state``: a full state dict to save instead of ``model.state_dict()`` (FSDP2 gathers one).
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"step_{step}", root / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp / "policy", safe_serialization=True)
+    model.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=model_state)
     processor.save_pretrained(tmp / "policy")
     state = {"step": step, "torch_rng": torch.get_rng_state()}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
+    if optimizer_state is not None:
+        state["optimizer"] = optimizer_state
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     if sampler is not None:

@@ -49,3 +49,23 @@ def all_reduce_grads(model) -> None:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def params_checksum(model) -> float:
+    """A float64 fingerprint of the full parameters (FSDP2 shards are gathered first)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for k, p in enumerate(model.parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        total += full.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum()
+    return float(total)
+
+
+def check_in_sync(model) -> float:
+    """Raise if the ranks' weights differ; returns the checksum."""
+    value = params_checksum(model)
+    if dist.is_initialized():
+        values = [None] * dist.get_world_size()
+        dist.all_gather_object(values, value)
+        if max(values) - min(values) > 1e-6 * max(1.0, abs(value)):
+            raise RuntimeError(f"ranks out of sync: parameter checksums {values}")
+    return value

@@ -95,7 +95,9 @@ class HFEngine:
         return completions
 
     def update_weights(self, named_tensors=None) -> None:
-        """The engine holds the trainer's module itself: nothing to copy."""
+        """Load new weights into the engine's module; None when it is the trainer's own module."""
+        if named_tensors is not None:
+            self.model.load_state_dict(dict(named_tensors), strict=True)
 
     def sleep(self) -> None:
         pass
