@@ -191,7 +191,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
     if sft:
         conv = Conversation(processor, keep_pixels=False)
-        expert = [expert_trajectory(m, conv, env) for m in TrainSampler(
+        expert = [expert_trajectory(m, conv, env, a.sft_expert) for m in TrainSampler(
             sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
             braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)]
         steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
@@ -225,7 +225,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     stop_requested = {"signal": None}
 
     def request_stop(signum, _frame):
+        if stop_requested["signal"] is not None:  # a second signal: stop now, the last checkpoint stands
+            raise SystemExit(128 + signum)
         stop_requested["signal"] = signum
+        D.print0(f"received signal {signum}: finishing step, then saving and exiting (again to abort)")
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)

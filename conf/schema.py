@@ -76,6 +76,7 @@ class AlgoConfig:
     sft_epochs: int = 3  # algo=sft: passes over the expert data
     sft_mazes: int = 256  # algo=sft: number of training mazes turned into expert conversations
     sft_batch: int = 8  # algo=sft: conversations per optimizer step
+    sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
 
 
 @dataclass
@@ -172,6 +173,7 @@ CHOICES = {
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.kl_in": ("loss", "reward"),
+    "algo.sft_expert": ("bfs", "wall_follower"),
     "reward.name": ("sparse", "shaped"),
     "engine.name": ("hf", "vllm"),
     "cluster.device": ("cpu", "cuda"),

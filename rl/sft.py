@@ -1,4 +1,10 @@
-"""SFT warm start: BFS expert episodes as full multi-turn conversations (loss on assistant tokens).
+"""SFT warm start: expert episodes as full multi-turn conversations (loss on assistant tokens).
+
+Experts: ``bfs`` (the shortest path; a global plan) and ``wall_follower`` (the right-hand rule;
+every decision depends only on the walls next to the agent and its heading, which the previous
+action gives). A ~1 M-parameter model can learn the local rule from pixels far more easily than
+BFS planning, so the tiny CPU recipe starts from ``wall_follower``; GRPO then has room to learn
+shortcuts the rule does not take.
 
 Each expert conversation is assembled exactly like a rollout (``rl.rollout.Conversation``), so
 SFT trains on the token layout the policy will later sample in. The expert's turn is
@@ -14,7 +20,24 @@ from rl.rollout import Conversation, EnvSettings, _extend
 from rl.types import Trajectory
 
 
-def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings) -> Trajectory:
+EXPERTS = ("bfs", "wall_follower")
+
+
+def expert_moves(maze: Maze, expert: str, require_stop: bool) -> list[str]:
+    """The expert's moves from the start; ``stop`` appended when the env requires it."""
+    if expert == "bfs":
+        moves = expert_actions(maze)
+    elif expert == "wall_follower":
+        from rl.policies import play
+
+        moves = [a[len("<action>"):-len("</action>")] for a in
+                 play("wall_follower", [maze], EnvSettings(max_turns=10 * maze.size**2), 0)[0].actions][:-1]
+    else:
+        raise ValueError(f"unknown SFT expert {expert!r}; choose from {', '.join(EXPERTS)}")
+    return moves + (["stop"] if require_stop else [])
+
+
+def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs") -> Trajectory:
     e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
                 max_turns=10**6, require_stop=env.require_stop, max_moves_per_turn=1)
     obs, _ = e.reset(options={"maze": maze})
@@ -22,7 +45,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings) -> Traje
     image = conv.image(obs["image"])
     t.images.append(image)
     _extend(t, conv.first_turn(obs["text"], image), 0)
-    moves = expert_actions(maze) + (["stop"] if env.require_stop else [])
+    moves = expert_moves(maze, expert, env.require_stop)
     for k, move in enumerate(moves):
         text = f"<action>{move}</action>"
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
