@@ -19,7 +19,6 @@ from maze.solver import expert_actions
 from rl.rollout import Conversation, EnvSettings, _extend
 from rl.types import Trajectory
 
-
 EXPERTS = ("bfs", "wall_follower")
 
 
