@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf.schema import ConfigError, register, validate
 from rl import dist as D
+from rl import faults
 
 register()
 log = logging.getLogger("vlmaze")
@@ -381,6 +382,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                         stats["ratio_mean"] += float((out.ratio * m).sum()) / max(g_tokens, 1.0)
                         stats["ratio_max"] = max(stats["ratio_max"], float((out.ratio * m).max()))
                         stats["tis_mean"] += float((out.tis_weight * m).sum()) / max(g_tokens, 1.0)
+                    if faults.active("nan_loss", step + 1):
+                        loss = loss * float("nan")
                     if cfg.cluster.parallel == "fsdp2" and world > 1:
                         loss = loss * world  # FSDP2 averages gradients over ranks; losses are global sums
                     loss.backward()

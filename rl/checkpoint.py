@@ -21,10 +21,13 @@ import os
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from rl import faults
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -87,6 +90,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, processor, optimizer_
         state["scheduler"] = scheduler.state_dict()
     if sampler is not None:
         state["sampler"] = sampler.state_dict()
+    if faults.active("kill_in_save", step):
+        os.kill(os.getpid(), signal.SIGKILL)  # half-written: policy/ exists, the rest does not
     torch.save(state, tmp / "trainer_state.pt")
     (tmp / "rng.json").write_text(json.dumps(rng_state()))
     (tmp / "metrics.json").write_text(json.dumps(metrics or {}))

@@ -145,12 +145,13 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
         still = []
         for i, comp in zip(live, completions):
             t, e = trajs[i], envs[i]
-            _extend(t, comp.token_ids, 1, comp.logprobs)
-            text = processor.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
+            keep = sampling.max_new_tokens  # the per-turn limit holds whatever the engine returns
+            _extend(t, comp.token_ids[:keep], 1, comp.logprobs[:keep])
+            text = processor.tokenizer.decode(comp.token_ids[:keep], skip_special_tokens=True)
             t.actions.append(text)
             obs, _, terminated, truncated, info = e.step(text)
             t.infos.append(info)
-            closed = bool(comp.token_ids) and comp.token_ids[-1] == conv.eos
+            closed = bool(comp.token_ids[:keep]) and comp.token_ids[:keep][-1] == conv.eos
             if terminated or truncated:
                 t.finish = finish_reason(info)
                 _extend(t, conv.newline if closed else conv.assistant_close, 0)

@@ -29,11 +29,18 @@ def _weights(run: Path, step: int) -> dict:
 
 
 def _scalars(run: Path, tag: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """Scalar values per step over every event file in write order; a resumed run's value wins."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
 
-    acc = EventAccumulator(str(run / "tb"))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)}
+    values = {}
+    for f in sorted((run / "tb").glob("events.out.tfevents.*"), key=lambda p: (p.stat().st_mtime, p.name)):
+        for event in EventFileLoader(str(f)).Load():
+            for v in event.summary.value:
+                if v.tag == tag:
+                    values[event.step] = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") \
+                        else v.simple_value
+    return values
 
 
 def test_resume_equals_uninterrupted_and_corrupt_checkpoint_falls_back(tmp_path):
@@ -100,3 +107,57 @@ def test_killed_rank_restarts_under_torchrun_and_finishes(tmp_path):
     assert proc.wait(timeout=60) == 0 and killed, out[-4000:]
     assert "resumed from" in out and "step 4/4" in out
     assert (tmp_path / "checkpoints/step_4/policy/model.safetensors").is_file()
+
+
+def test_nan_losses_skip_updates_then_stop_with_a_clear_message(tmp_path):
+    env_faults = "nan_loss@2,nan_loss@3,nan_loss@4"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, "trainer.steps=6",
+                           "trainer.max_nonfinite_steps=3", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "VLMAZE_FAULTS": env_faults})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "update skipped (1 in a row)" in out and "update skipped (3 in a row)" in out
+    assert "stopping: 3 steps in a row had a non-finite loss or gradient (trainer.max_nonfinite_steps=3)" in out
+    # nothing already saved is lost, and no NaN weights were written
+    w = _weights(tmp_path, 1)
+    assert all(bool(v.isfinite().all()) for v in w.values())
+
+
+@pytest.mark.slow
+def test_sigkill_at_five_points_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """Kill -9 at startup, mid-rollout, mid-checkpoint-write, right after a save and mid-update."""
+    reference = tmp_path / "reference"
+    assert _train(["trainer.steps=5", f"hydra.run.dir={reference}"]).returncode == 0
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def start(extra_env=None):
+        return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "trainer.steps=5",
+                                 f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**env, **(extra_env or {})})
+
+    def kill_when(predicate, extra_env=None, delay=0.0):
+        proc = start(extra_env)
+        for line in proc.stdout:
+            if predicate(line):
+                time.sleep(delay)
+                proc.kill()
+                break
+        proc.wait(timeout=300)
+        return proc.returncode
+
+    assert kill_when(lambda ln: "model: tiny" in ln) == -9  # 1. during startup, before any checkpoint
+    assert kill_when(lambda ln: "step 1/5" in ln, delay=0.3) == -9  # 2. mid-rollout of step 2
+    proc = start({"VLMAZE_FAULTS": "kill_in_save@3"})  # 3. while writing step_3
+    proc.communicate(timeout=300)
+    assert proc.returncode == -9 and (run / "checkpoints/.tmp_step_3").is_dir()
+    assert kill_when(lambda ln: "saved" in ln and "step_3" in ln) == -9  # 4. right after a save
+    assert kill_when(lambda ln: "step 4/5" in ln, delay=0.1) in (-9, 0)  # 5. in step 5
+    final = _train(["trainer.steps=5", f"hydra.run.dir={run}"])
+    assert final.returncode == 0, final.stderr[-3000:]
+    a, b = _weights(reference, 5), _weights(run, 5)
+    assert all((a[k] == b[k]).all() for k in a), "weights after kills and resumes differ"
+    for tag in ["loss/pg", "rollout/reward_mean", "loss/entropy", "loss/grad_norm"]:
+        ra, rb = _scalars(reference, tag), _scalars(run, tag)
+        assert all(ra[s] == rb[s] for s in range(1, 6)), tag
