@@ -35,7 +35,7 @@ class EnvConfig:
     generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners"  # corners (reference) | random
-    pixels_per_cell: int = 32  # 32 = one merged Qwen3-VL token per cell
+    pixels_per_cell: int = 18  # 9x9 -> 162 px -> 160 px: 25 image tokens (32 = one merged token per cell)
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
@@ -144,7 +144,6 @@ class Config:
     cluster: ClusterConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     dry_run: bool = False  # compose, validate, print the launch plan, exit
-    sweep: dict[str, Any] = field(default_factory=dict)  # free-form tag set by sweeps/ configs
 
 
 GROUPS = {"model": ModelConfig, "env": EnvConfig, "algo": AlgoConfig, "reward": RewardConfig,
