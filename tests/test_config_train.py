@@ -126,3 +126,22 @@ def test_engine_vllm_without_vllm_installed_is_one_line():
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("config error: engine=vllm but vllm is not installed")
+
+
+def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
+    """A regression pin: any change to sampling, tokenisation, rollout layout or the loss moves these.
+
+    The random tiny model never writes a valid action, so every reward in a group is equal and the
+    policy-gradient term is 0: the pinned total is the entropy bonus, which still depends on every
+    sampled token and on the whole forward.
+    """
+    proc = _run(["reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2",
+                 "algo.group_size=2", "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0",
+                 "trainer.save_every=0", "trainer.steps=3", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("loss/total")]
+    assert losses == pytest.approx([-0.3088475167751312, -0.3076336085796356, -0.2955136001110077], rel=1e-5)
