@@ -97,7 +97,7 @@ def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str,
     plt.close(fig)
     failed = [(rec, t) for rec, t in zip(report["episodes"], trajs) if not rec["success"]][:failed_grid]
     if failed:
-        tiles = [render_path(t.maze, t.path, pixels_per_cell=16, title=rec["failure"][:14]) for rec, t in failed]
+        tiles = [render_path(t.maze, t.path, pixels_per_cell=16, title=rec["failure"]) for rec, t in failed]
         side = max(im.size[0] for im in tiles)
         cols = min(4, len(tiles))
         rows = (len(tiles) + cols - 1) // cols
