@@ -306,8 +306,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         t0 = time.time()
         rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs])  # (N,)
         success = torch.tensor([float(t.success) for t in trajs])  # (N,)
-        batch_all = collate([t.token_ids for t in trajs], [t.images for t in trajs], pad_id, image_id)
-        mask_all = torch.zeros_like(batch_all["input_ids"], dtype=torch.float32)  # (N, T)
+        width_all = max(len(t.token_ids) for t in trajs)
+        mask_all = torch.zeros((len(trajs), width_all), dtype=torch.float32)  # (N, T)
         rollout_lp = torch.zeros_like(mask_all)
         for i, t in enumerate(trajs):
             mask_all[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
@@ -322,7 +322,6 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
         if reference is not None:
             ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
-        kl_seq = None
         if ref_lp is not None and a.kl_in == "reward":
             kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
             rewards = rewards - a.kl_coef * kl_seq
@@ -359,7 +358,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     width = b["input_ids"].shape[1]
                     m = mask_all[sel, :width]  # (n, T)
                     lp, ent = token_logprobs(policy, b, banned, 1.0 if sft else a.temperature, with_entropy=True)
-                    if epoch_i == 0:
+                    if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
                         gap_sum += float(((lp.detach() - rollout_lp[sel, :width]).abs() * m).sum())
                     if sft:
                         loss = -(lp * m).sum() / max(g_tokens, 1.0)
@@ -423,7 +422,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "revisits": float(sum(t.final_info.get("revisits", 0) for t in trajs)),
             "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
             "resp_tokens": float(mask_all.sum()), "kept": float(len(kept)),
-            "tokens": float(batch_all["attention_mask"].sum()),
+            "tokens": float(sum(len(t.token_ids) for t in trajs)),
             "gap": gap_sum,
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}

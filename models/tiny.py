@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
-    AutoConfig,
     AutoProcessor,
     PreTrainedTokenizerFast,
     Qwen3VLConfig,
@@ -131,11 +130,6 @@ def save_tiny(path: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return Path(path)
-
-
-def is_tiny(config) -> bool:
-    cfg = config if not isinstance(config, (str, Path)) else AutoConfig.from_pretrained(config)
-    return getattr(cfg.text_config, "hidden_size", 0) <= 256
 
 
 def build_tiny_text(seed: int = 0):
