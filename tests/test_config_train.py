@@ -118,9 +118,9 @@ def test_train_variants_with_reference_and_several_updates(tmp_path, algo):
     assert "step 1/1" in proc.stdout and "loss nan" not in proc.stdout
 
 
-def test_engine_vllm_without_vllm_installed_is_one_line():
+def test_engine_vllm_without_vllm_installed_is_one_line(tmp_path):
     code = ("import sys, runpy; sys.modules['vllm'] = None; "
-            f"sys.argv = ['train.py', 'engine=vllm', 'hydra.run.dir={ROOT}/outputs/_no_vllm']; "
+            f"sys.argv = ['train.py', 'engine=vllm', 'hydra.run.dir={tmp_path}']; "
             "runpy.run_path('train.py', run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
