@@ -138,9 +138,7 @@ def main(cfg: DictConfig) -> float | None:
     if cfg.samples < 1:
         fail(f"samples={cfg.samples} must be >= 1")
     out = Path(HydraConfig.get().runtime.output_dir)
-    env = EnvSettings(cfg.env.pixels_per_cell, cfg.env.grid_lines, cfg.env.max_turns, cfg.env.require_stop,
-                      cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens,
-                      cfg.env.size)
+    env = EnvSettings.from_config(cfg.env)
     checkpoint = None
     if cfg.policy == "model":
         from models.build import load_policy

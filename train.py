@@ -181,9 +181,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         from models.engines.hf import HFEngine
 
         engine = HFEngine(rollout_model, processor, micro_batch=cfg.engine.micro_batch)
-    env = EnvSettings(cfg.env.pixels_per_cell, cfg.env.grid_lines, cfg.env.max_turns, cfg.env.require_stop,
-                      cfg.env.max_moves_per_turn, cfg.env.max_images_in_context, cfg.env.max_context_tokens,
-                      cfg.env.size)
+    env = EnvSettings.from_config(cfg.env)
     eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
     banned, pad_id, image_id = engine.banned_token_ids, engine.pad_id, policy.config.image_token_id
 

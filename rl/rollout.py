@@ -44,6 +44,13 @@ class EnvSettings:
     max_context_tokens: int = 8192
     ref_size: int = 9  # max_turns is the budget at this maze size; larger mazes get it scaled by area
 
+    @classmethod
+    def from_config(cls, env_cfg) -> EnvSettings:
+        """From ``conf/env``: the training size is the reference size for turn budgets."""
+        return cls(env_cfg.pixels_per_cell, env_cfg.grid_lines, env_cfg.max_turns, env_cfg.require_stop,
+                   env_cfg.max_moves_per_turn, env_cfg.max_images_in_context, env_cfg.max_context_tokens,
+                   env_cfg.size)
+
     def turns_for(self, size: int) -> int:
         """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
         return max(self.max_turns, math.ceil(self.max_turns * (size / self.ref_size) ** 2))
@@ -110,10 +117,18 @@ class Conversation:
         traj.images_dropped += 1
 
 
-def _extend(traj: Trajectory, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
-    traj.token_ids.extend(ids)
-    traj.loss_mask.extend([mask] * len(ids))
-    traj.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int = 0,
+                  max_turns: int | None = None) -> tuple[MazeEnv, Trajectory]:
+    """Reset a MazeEnv on ``maze`` and open its trajectory with the turn-0 prompt (mask 0)."""
+    e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
+                max_turns=max_turns or env.turns_for(maze.size), require_stop=env.require_stop,
+                max_moves_per_turn=env.max_moves_per_turn)
+    obs, _ = e.reset(options={"maze": maze})
+    t = Trajectory(maze=maze, group=group)
+    image = conv.image(obs["image"])
+    t.images.append(image)
+    t.append(conv.first_turn(obs["text"], image), 0)
+    return e, t
 
 
 @torch.no_grad()
@@ -124,14 +139,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
     trajs, envs = [], []
     for g, maze in enumerate(mazes):
         for _ in range(group_size):
-            e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
-                        max_turns=env.turns_for(maze.size), require_stop=env.require_stop,
-                        max_moves_per_turn=env.max_moves_per_turn)
-            obs, _ = e.reset(options={"maze": maze})
-            t = Trajectory(maze=maze, group=g)
-            image = conv.image(obs["image"])
-            t.images.append(image)
-            _extend(t, conv.first_turn(obs["text"], image), 0)
+            e, t = start_episode(maze, conv, env, group=g)
             trajs.append(t)
             envs.append(e)
     live = list(range(len(trajs)))
@@ -146,7 +154,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
         for i, comp in zip(live, completions):
             t, e = trajs[i], envs[i]
             keep = sampling.max_new_tokens  # the per-turn limit holds whatever the engine returns
-            _extend(t, comp.token_ids[:keep], 1, comp.logprobs[:keep])
+            t.append(comp.token_ids[:keep], 1, comp.logprobs[:keep])
             text = processor.tokenizer.decode(comp.token_ids[:keep], skip_special_tokens=True)
             t.actions.append(text)
             obs, _, terminated, truncated, info = e.step(text)
@@ -154,16 +162,16 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
             closed = bool(comp.token_ids[:keep]) and comp.token_ids[:keep][-1] == conv.eos
             if terminated or truncated:
                 t.finish = finish_reason(info)
-                _extend(t, conv.newline if closed else conv.assistant_close, 0)
+                t.append(conv.newline if closed else conv.assistant_close, 0)
                 continue
             image = conv.image(obs["image"])
             nxt = conv.next_turn(obs["text"], image, closed)
             if len(t.token_ids) + len(nxt) + sampling.max_new_tokens > env.max_context_tokens:
                 t.finish = "context"
-                _extend(t, conv.newline if closed else conv.assistant_close, 0)
+                t.append(conv.newline if closed else conv.assistant_close, 0)
                 continue
             t.images.append(image)
-            _extend(t, nxt, 0)
+            t.append(nxt, 0)
             while env.max_images_in_context and len(t.images) > env.max_images_in_context:
                 conv.drop_oldest_image(t)
             still.append(i)

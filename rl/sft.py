@@ -14,9 +14,8 @@ SFT trains on the token layout the policy will later sample in. The expert's tur
 from __future__ import annotations
 
 from maze.core import Maze
-from maze.env import MazeEnv
 from maze.solver import expert_actions
-from rl.rollout import Conversation, EnvSettings, _extend
+from rl.rollout import Conversation, EnvSettings, start_episode
 from rl.types import Trajectory
 
 EXPERTS = ("bfs", "wall_follower")
@@ -37,27 +36,21 @@ def expert_moves(maze: Maze, expert: str, require_stop: bool) -> list[str]:
 
 
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs") -> Trajectory:
-    e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
-                max_turns=10**6, require_stop=env.require_stop, max_moves_per_turn=1)
-    obs, _ = e.reset(options={"maze": maze})
-    t = Trajectory(maze=maze, group=0)
-    image = conv.image(obs["image"])
-    t.images.append(image)
-    _extend(t, conv.first_turn(obs["text"], image), 0)
+    e, t = start_episode(maze, conv, EnvSettings(**{**env.__dict__, "max_moves_per_turn": 1}), max_turns=10**6)
     moves = expert_moves(maze, expert, env.require_stop)
     for k, move in enumerate(moves):
         text = f"<action>{move}</action>"
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
-        _extend(t, ids, 1)
+        t.append(ids, 1)
         t.actions.append(text)
         obs, _, terminated, truncated, info = e.step(text)
         t.infos.append(info)
         if terminated or truncated or k == len(moves) - 1:
-            _extend(t, conv.newline, 0)
+            t.append(conv.newline, 0)
             break
         image = conv.image(obs["image"])
         t.images.append(image)
-        _extend(t, conv.next_turn(obs["text"], image, closed=True), 0)
+        t.append(conv.next_turn(obs["text"], image, closed=True), 0)
         while env.max_images_in_context and len(t.images) > env.max_images_in_context:
             conv.drop_oldest_image(t)
     t.finish = "success" if t.success else "max_turns"

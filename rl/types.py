@@ -22,6 +22,12 @@ class Trajectory:
     reward: float = 0.0  # set by rl.rewards
     images_dropped: int = 0  # images removed by env.max_images_in_context
 
+    def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        """Extend the sequence by ``ids``, all with loss ``mask``; logprobs default to 0 (not sampled)."""
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
     @property
     def success(self) -> bool:
         return bool(self.infos and self.infos[-1]["success"])

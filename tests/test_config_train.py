@@ -145,3 +145,16 @@ def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
     acc.Reload()
     losses = [e.value for e in acc.Scalars("loss/total")]
     assert losses == pytest.approx([-0.3088475167751312, -0.3076336085796356, -0.2955136001110077], rel=1e-5)
+
+
+def test_sft_trains_on_expert_conversations_and_lowers_its_loss(tmp_path):
+    proc = _run(["algo=sft", "algo.sft_expert=wall_follower", "algo.sft_mazes=4", "algo.sft_batch=2",
+                 "algo.sft_epochs=2", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("loss/total")]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # epoch 2 fits the same conversations better
+    assert (tmp_path / "checkpoints/step_4/policy/model.safetensors").is_file()
