@@ -70,6 +70,30 @@ def launch_plan(cfg) -> str:
     return "\n".join(lines)
 
 
+def write_slurm_script(cfg, run_dir: str) -> Path:
+    """The sbatch script submitit would submit for this job (``hydra/launcher=vlmaze_slurm``), written
+    with submitit's own generator; a dry run here, where no Slurm is installed."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    c = cfg.cluster
+    folder = Path(run_dir) / "submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [a for a in sys.argv[1:] if a not in ("-m", "--multirun") and not a.startswith("dry_run=")]
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        overrides = list(HydraConfig.get().overrides.task)
+    overrides = [o for o in overrides if not o.startswith("dry_run=")]
+    command = " ".join([sys.executable, "-u", str(Path(__file__).resolve()), *overrides, f"hydra.run.dir={run_dir}"])
+    params = {"partition": c.partition or None, "nodes": c.nnodes, "gpus_per_node": c.nproc_per_node,
+              "ntasks_per_node": 1, "cpus_per_task": c.cpus_per_task, "time": c.timeout_min,
+              "job_name": "vlmaze", "signal_delay_s": 120}
+    if c.mem_gb:
+        params["mem"] = f"{c.mem_gb}GB"
+    text = _make_sbatch_string(command=command, folder=str(folder), **params)
+    path = folder / "job.sbatch"
+    path.write_text(text)
+    return path
+
+
 def relaunch_under_torchrun(cfg, run_dir: str) -> int:
     """Re-run this command under torchrun; rank 0's resolved run dir is passed to every rank."""
     c = cfg.cluster
@@ -99,6 +123,8 @@ def main(cfg: DictConfig) -> float | None:
         validate(cfg)
         if cfg.dry_run:
             print(launch_plan(cfg))
+            if cfg.cluster.name == "slurm":
+                print(f"slurm job script: {write_slurm_script(cfg, HydraConfig.get().runtime.output_dir)}")
             return None
         if cfg.engine.name == "vllm":
             try:
@@ -129,7 +155,6 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from rl import checkpoint as ckpt_io
     from rl.evaluation import evaluate_suites, model_player, write_report
     from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
-    from rl.logprobs import collate, token_logprobs
     from rl.rewards import episode_reward
     from rl.rollout import Conversation, EnvSettings, rollout
     from rl.sft import expert_trajectory
@@ -190,9 +215,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
     if sft:
         conv = Conversation(processor, keep_pixels=False)
-        expert = [expert_trajectory(m, conv, env, a.sft_expert) for m in TrainSampler(
-            sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
-            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)]
+        expert_mazes = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size],
+                                    generators=list(cfg.env.generators), braid=cfg.env.braid,
+                                    placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)
+        expert = [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
+                                    max_turns=a.sft_max_turns) for k, m in enumerate(expert_mazes)]
         steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
         total_steps = a.sft_epochs * steps_per_epoch
     else:
@@ -200,8 +227,14 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
     # ---------------------------------------------------------------- optimizer and schedule
     optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.99))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps else 1.0)
+    def lr_factor(s: int) -> float:
+        warm = min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps else 1.0
+        if a.lr_schedule == "cosine":
+            span = max(total_steps - a.warmup_steps, 1)
+            return warm * 0.5 * (1 + math.cos(math.pi * min(max(s - a.warmup_steps, 0), span) / span))
+        return warm
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     start_step, metrics_state = 0, {}
     if start_ckpt is not None:
         state = ckpt_io.load_trainer_state(start_ckpt)
@@ -317,9 +350,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         # on-policy with one update: the update's own forward gives the old logprobs (no extra pass)
         if multi_update or (reference is not None and a.kl_in == "reward"):
             policy.eval()
-            old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
+            old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
+                            cfg.trainer.packing)
         if reference is not None:
-            ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature)
+            ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
+                            cfg.trainer.packing)
         if ref_lp is not None and a.kl_in == "reward":
             kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
             rewards = rewards - a.kl_coef * kl_seq
@@ -352,10 +387,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     sel = chunk[lo:lo + a.micro_batch]
                     if not sel:
                         continue
-                    b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
-                    width = b["input_ids"].shape[1]
+                    lp, ent = _logprobs(policy, trajs, sel, pad_id, image_id, banned, 1.0 if sft else a.temperature,
+                                        with_entropy=True, packing=cfg.trainer.packing)
+                    width = lp.shape[1]
                     m = mask_all[sel, :width]  # (n, T)
-                    lp, ent = token_logprobs(policy, b, banned, 1.0 if sft else a.temperature, with_entropy=True)
                     if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
                         gap_sum += float(((lp.detach() - rollout_lp[sel, :width]).abs() * m).sum())
                     if sft:
@@ -472,20 +507,27 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     return score
 
 
-@torch.no_grad()
-def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature) -> torch.Tensor:
-    """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad."""
+def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_entropy=False, packing=False):
+    """Per-token logprobs (and entropy) of trajectories ``sel``: (n, longest) right-padded layout."""
     from rl.logprobs import collate, token_logprobs
+    from rl.packing import packed_token_logprobs
 
+    seqs, images = [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel]
+    if packing:
+        return packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy)
+    return token_logprobs(model, collate(seqs, images, pad_id, image_id), banned, temperature, with_entropy)
+
+
+@torch.no_grad()
+def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature, packing=False) -> torch.Tensor:
+    """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad."""
     width = max(len(trajs[i].token_ids) for i in rows)
     chunks = []
     for lo in range(0, len(rows), micro_batch):
-        sel = rows[lo:lo + micro_batch]
-        b = collate([trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id, image_id)
-        lp = token_logprobs(model, b, banned, temperature)
+        lp = _logprobs(model, trajs, rows[lo:lo + micro_batch], pad_id, image_id, banned, temperature,
+                       packing=packing)
         chunks.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
     return torch.cat(chunks, dim=0)
-
 
 if __name__ == "__main__":
     main()

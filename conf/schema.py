@@ -35,7 +35,8 @@ class EnvConfig:
     generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners"  # corners (reference) | random
-    pixels_per_cell: int = 18  # 9x9 -> 162 px -> 160 px: 25 image tokens (32 = one merged token per cell)
+    pixels_per_cell: int = 16  # one 16 px patch per cell; 9x9 -> 144 px, padded (pad_to) to 160: 25 image tokens
+    pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
@@ -52,6 +53,7 @@ class AlgoConfig:
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step), after the linear warmup
     adv_estimator: str = "grpo"  # grpo | rloo
     norm_adv_by_std: bool = True  # false = Dr. GRPO
     clip_low: float = 0.2
@@ -76,6 +78,8 @@ class AlgoConfig:
     sft_epochs: int = 3  # algo=sft: passes over the expert data
     sft_mazes: int = 256  # algo=sft: number of training mazes turned into expert conversations
     sft_batch: int = 8  # algo=sft: conversations per optimizer step
+    sft_noise: float = 0.0  # algo=sft: chance of a random (untrained) move per turn, so the data holds recoveries
+    sft_max_turns: int = 0  # algo=sft: cut expert conversations after this many turns (0 = env.max_turns x 2)
     sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
 
 
@@ -116,6 +120,8 @@ class ClusterConfig:
     gpu_memory_gib: float = 0.0  # for the dry-run memory plan
     partition: str = ""  # slurm
     timeout_min: int = 240  # slurm
+    cpus_per_task: int = 64  # slurm
+    mem_gb: int = 0  # slurm; 0 = the partition's default
 
 
 @dataclass
@@ -132,6 +138,7 @@ class TrainerConfig:
     deterministic: bool = True
     max_nonfinite_steps: int = 3  # stop after this many NaN/inf steps in a row
     log_transcripts: int = 2
+    packing: bool = True  # padding-free packing of trajectories in the trainer's forward (rl/packing.py)
 
 
 @dataclass
@@ -173,6 +180,7 @@ CHOICES = {
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.kl_in": ("loss", "reward"),
     "algo.sft_expert": ("bfs", "wall_follower"),
+    "algo.lr_schedule": ("constant", "cosine"),
     "reward.name": ("sparse", "shaped"),
     "engine.name": ("hf", "vllm"),
     "cluster.device": ("cpu", "cuda"),
@@ -200,7 +208,7 @@ def validate(cfg) -> None:
     for g in cfg.env.generators:
         if g not in GENERATORS:
             raise ConfigError(f"env.generators contains {g!r}; choose from {', '.join(GENERATORS)}")
-    positive = ["env.max_turns", "env.pixels_per_cell", "env.max_moves_per_turn", "algo.group_size",
+    positive = ["env.max_turns", "env.pixels_per_cell", "env.pad_to", "env.max_moves_per_turn", "algo.group_size",
                 "algo.mazes_per_step", "algo.ppo_epochs", "algo.minibatches", "algo.micro_batch",
                 "algo.max_new_tokens", "algo.sft_epochs", "algo.sft_mazes", "algo.sft_batch",
                 "cluster.nproc_per_node", "cluster.nnodes", "trainer.steps"]
@@ -216,6 +224,10 @@ def validate(cfg) -> None:
         raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
     if cfg.env.braid > 1:
         raise ConfigError(f"env.braid={cfg.env.braid} must be <= 1")
+    if not 0 <= cfg.algo.sft_noise < 1:
+        raise ConfigError(f"algo.sft_noise={cfg.algo.sft_noise} must be in [0, 1)")
+    if cfg.algo.sft_max_turns < 0:
+        raise ConfigError(f"algo.sft_max_turns={cfg.algo.sft_max_turns} must be >= 0")
     if cfg.algo.name != "sft":
         if cfg.algo.group_size == 1 and cfg.algo.adv_estimator == "grpo" and cfg.algo.norm_adv_by_std:
             raise ConfigError("algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std")

@@ -40,7 +40,7 @@ class MazeRenderer:
     """Renders one maze at ``pixels_per_cell``; reuse it across the steps of an episode."""
 
     def __init__(self, maze: Maze, pixels_per_cell: int = 25, grid_lines: bool = False,
-                 palette: Palette = DEFAULT_PALETTE):
+                 palette: Palette = DEFAULT_PALETTE, pad_to: int = 1):
         if pixels_per_cell < 2:
             raise ValueError(f"pixels_per_cell must be >= 2, got {pixels_per_cell}")
         self.maze, self.ppc, self.palette = maze, int(pixels_per_cell), palette
@@ -53,6 +53,12 @@ class MazeRenderer:
         if grid_lines:
             self.background[:: self.ppc, :] = palette.grid
             self.background[:, :: self.ppc] = palette.grid
+        if pad_to > 1:  # extra wall on the bottom/right so the side is a multiple of pad_to (patch alignment)
+            side = self.background.shape[0]
+            extra = -side % pad_to
+            self.background = np.pad(self.background, ((0, extra), (0, extra), (0, 0)), mode="constant")
+            self.background[side:, :] = palette.wall
+            self.background[:, side:] = palette.wall
         self._disc = _disc_mask(self.ppc)
         self._agent = np.array(palette.agent, dtype=np.uint8)
 

@@ -10,6 +10,7 @@ import torch
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_SFT = REPO_ROOT / "checkpoints" / "tiny_sft"  # the committed tiny SFT warm start (see README)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -59,3 +60,13 @@ def load_policy(cfg_model, device: str = "cpu"):
     log.info("model: %s from %s, dtype %s, attn_implementation=%s, %d params", cfg_model.name, path,
              cfg_model.dtype, attn, sum(p.numel() for p in model.parameters()))
     return model.to(device), processor
+
+
+def load_policy_dir(path: str | Path, dtype: str = "float32"):
+    """``(model, processor)`` from a saved HF directory (a checkpoint's policy/ or the shipped SFT start)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import models.tiny  # noqa: F401
+
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=DTYPES[dtype], use_safetensors=True)
+    return model.eval(), AutoProcessor.from_pretrained(str(path))

@@ -38,7 +38,7 @@ def _random(env: MazeEnv, state: dict, rng) -> str:
 def _wall_follower(env: MazeEnv, state: dict, rng) -> str:
     if env.position == env.maze.goal:
         return "stop"
-    heading = state.setdefault("heading", "down")
+    heading = state.setdefault("heading", "down")  # the direction of the last move that moved the agent
     r, c = env.position
     for move in (_RIGHT_OF[heading], heading, _LEFT_OF[heading], _BACK[heading]):
         dr, dc = MOVES[move]
@@ -48,12 +48,12 @@ def _wall_follower(env: MazeEnv, state: dict, rng) -> str:
     return "stop"  # boxed in (cannot happen in a connected maze)
 
 
-_ACT = {"oracle": _oracle, "random": _random, "wall_follower": _wall_follower}
+ACT = {"oracle": _oracle, "random": _random, "wall_follower": _wall_follower}
 
 
 def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, samples: int = 1) -> list[Trajectory]:
     """Play ``samples`` episodes of ``policy`` on each maze; group-major like ``rl.rollout.rollout``."""
-    if policy not in _ACT:
+    if policy not in ACT:
         raise ValueError(f"unknown policy {policy!r}; choose from model, {', '.join(POLICIES)}")
     rng = np.random.default_rng(seed)
     trajs = []
@@ -64,7 +64,7 @@ def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, sample
             e.reset(options={"maze": maze})
             t, state = Trajectory(maze=maze, group=g), {}
             while True:
-                text = f"<action>{_ACT[policy](e, state, rng)}</action>"
+                text = f"<action>{ACT[policy](e, state, rng)}</action>"
                 _, _, terminated, truncated, info = e.step(text)
                 t.actions.append(text)
                 t.infos.append(info)

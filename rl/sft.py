@@ -13,39 +13,51 @@ SFT trains on the token layout the policy will later sample in. The expert's tur
 
 from __future__ import annotations
 
-from maze.core import Maze
-from maze.solver import expert_actions
+import numpy as np
+
+from maze.core import MOVES, Maze
 from rl.rollout import Conversation, EnvSettings, start_episode
 from rl.types import Trajectory
 
 EXPERTS = ("bfs", "wall_follower")
+_EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
 
 
-def expert_moves(maze: Maze, expert: str, require_stop: bool) -> list[str]:
-    """The expert's moves from the start; ``stop`` appended when the env requires it."""
-    if expert == "bfs":
-        moves = expert_actions(maze)
-    elif expert == "wall_follower":
-        from rl.policies import play
+def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
+                      noise: float = 0.0, seed: int = 0, max_turns: int = 0) -> Trajectory:
+    """One expert conversation; the expert answers from wherever the agent stands.
 
-        moves = [a[len("<action>"):-len("</action>")] for a in
-                 play("wall_follower", [maze], EnvSettings(max_turns=10 * maze.size**2), 0)[0].actions][:-1]
-    else:
+    ``noise`` > 0 injects off-expert turns (DART-style): with that probability a uniformly random
+    move replaces the expert's, and that turn is left out of the loss (mask 0). The conversation
+    then holds what the policy itself will meet — bumps, their feedback, detours — each followed by
+    the expert's recovery, which is trained on. Without it the data never leaves the expert's path.
+    ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
+    """
+    from rl.policies import ACT
+
+    if expert not in _EXPERT_POLICY:
         raise ValueError(f"unknown SFT expert {expert!r}; choose from {', '.join(EXPERTS)}")
-    return moves + (["stop"] if require_stop else [])
-
-
-def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs") -> Trajectory:
-    e, t = start_episode(maze, conv, EnvSettings(**{**env.__dict__, "max_moves_per_turn": 1}), max_turns=10**6)
-    moves = expert_moves(maze, expert, env.require_stop)
-    for k, move in enumerate(moves):
+    act = ACT[_EXPERT_POLICY[expert]]
+    rng = np.random.default_rng([seed, *maze.grid.shape])
+    budget = max_turns or 2 * env.turns_for(maze.size)
+    e, t = start_episode(maze, conv, EnvSettings(**{**env.__dict__, "max_moves_per_turn": 1}), max_turns=budget)
+    state: dict = {}
+    for _ in range(budget):
+        at_goal = e.position == maze.goal
+        off = noise > 0 and not at_goal and rng.random() < noise
+        move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
+        if not env.require_stop and move == "stop":
+            break
         text = f"<action>{move}</action>"
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
-        t.append(ids, 1)
+        t.append(ids, 0 if off else 1)
         t.actions.append(text)
+        before = e.position
         obs, _, terminated, truncated, info = e.step(text)
+        if off and e.position != before:
+            state["heading"] = move  # the wall follower's heading is its last successful move
         t.infos.append(info)
-        if terminated or truncated or k == len(moves) - 1:
+        if terminated or truncated or (not env.require_stop and e.position == maze.goal):
             t.append(conv.newline, 0)
             break
         image = conv.image(obs["image"])

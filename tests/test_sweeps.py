@@ -40,3 +40,29 @@ def test_multirun_and_summary(tmp_path):
     assert (sweep_dir / "curves.png").stat().st_size > 1000
     rows = (sweep_dir / "summary.csv").read_text().splitlines()
     assert rows[0] == "setting,seed,job,step,success_rate" and len(rows) == 1 + 2 * 2  # 2 jobs x steps 0 and 1
+
+
+def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
+    """cluster=slurm composes with the submitit launcher config, and a dry-run multirun writes one sbatch
+    script per job with submitit's generator (no Slurm here, so nothing is submitted)."""
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["cluster=slurm", "hydra/launcher=vlmaze_slurm",
+                                                       "cluster.partition=h200", "cluster.nnodes=2"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.partition, launcher.nodes, launcher.gpus_per_node) == ("h200", 2, 8)
+
+    sweep_dir = tmp_path / "multirun"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "cluster=slurm", "dry_run=true",
+                           "cluster.partition=h200", "algo.group_size=4,8", f"hydra.sweep.dir={sweep_dir}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    scripts = sorted(sweep_dir.glob("*/submitit/job.sbatch"))
+    assert len(scripts) == 2
+    for script, g in zip(scripts, (4, 8)):
+        text = script.read_text()
+        assert "#SBATCH --partition=h200" in text and "#SBATCH --gpus-per-node=8" in text
+        args = text.split("train.py", 1)[1].split()
+        assert f"algo.group_size={g}" in args and not any(a.startswith("dry_run") for a in args)

@@ -1,0 +1,75 @@
+"""Padding-free packing: logprobs equal to the padded batch, positions and attention per trajectory."""
+
+import pytest
+import torch
+
+from maze import TrainSampler
+from models.engines.base import banned_token_ids
+from models.tiny import build_tiny
+from rl.logprobs import collate, token_logprobs
+from rl.packing import pack_rows, packed_batch, packed_token_logprobs
+from rl.rollout import Conversation, EnvSettings
+from rl.sft import expert_trajectory
+
+
+def test_pack_rows_first_fit_decreasing():
+    rows = pack_rows([5, 3, 8, 2, 4], capacity=8)
+    assert sorted(i for r in rows for i in r) == [0, 1, 2, 3, 4]
+    assert all(sum([5, 3, 8, 2, 4][i] for i in r) <= 8 for r in rows)
+    assert rows == [[2], [0, 1], [4, 3]]
+    assert pack_rows([10, 1, 9], capacity=4) == [[0], [2, 1]]  # capacity grows to the longest sequence
+
+
+@pytest.fixture(scope="module")
+def batch():
+    torch.manual_seed(0)
+    model, processor = build_tiny(0)
+    conv = Conversation(processor)
+    env = EnvSettings(pixels_per_cell=16, pad_to=32, max_turns=30)
+    mazes = TrainSampler(sizes=(5, 7), seed=3).take(5)
+    trajs = [expert_trajectory(m, conv, env, "bfs", noise=0.3, seed=k) for k, m in enumerate(mazes)]
+    assert len({len(t.token_ids) for t in trajs}) > 2  # lengths differ, so padding would be wasted
+    return model, processor, trajs
+
+
+@pytest.mark.parametrize("capacity", [0, 10**6])  # rows as long as the longest; everything in one row
+def test_packed_logprobs_equal_padded(batch, capacity):
+    model, processor, trajs = batch
+    tok = processor.tokenizer
+    banned = banned_token_ids(tok)
+    pad, img = tok.pad_token_id, model.config.image_token_id
+    seqs, ims = [t.token_ids for t in trajs], [t.images for t in trajs]
+    with torch.no_grad():
+        ref, ref_ent = token_logprobs(model, collate(seqs, ims, pad, img), banned, 1.0, with_entropy=True)
+        lp, ent = packed_token_logprobs(model, seqs, ims, pad, img, banned, 1.0, with_entropy=True,
+                                        capacity=capacity)
+    assert lp.shape == ref.shape
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        torch.testing.assert_close(lp[i, :n], ref[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[i, 1:n], ref_ent[i, 1:n], atol=1e-5, rtol=0)
+        assert (lp[i, n:] == 0).all()
+
+
+def test_packing_really_packs_and_isolates(batch):
+    model, processor, trajs = batch
+    tok = processor.tokenizer
+    seqs, ims = [t.token_ids for t in trajs], [t.images for t in trajs]
+    b, place = packed_batch(model, seqs, ims, tok.pad_token_id, model.config.image_token_id, capacity=10**6)
+    assert b["input_ids"].shape == (1, sum(len(s) for s in seqs))
+    assert "attention_mask" not in b
+    # every trajectory's text positions restart at 0; its mrope positions are those it has alone
+    for i, (r, start, n) in enumerate(place):
+        assert b["position_ids"][0, r, start:start + n].tolist() == list(range(n))
+        alone, _ = packed_batch(model, [seqs[i]], [ims[i]], tok.pad_token_id, model.config.image_token_id)
+        assert torch.equal(b["position_ids"][:, r, start:start + n], alone["position_ids"][:, 0])
+    # a change in one trajectory leaves every other trajectory's logprobs unchanged (no cross-attention)
+    banned = banned_token_ids(tok)
+    pad, img = tok.pad_token_id, model.config.image_token_id
+    with torch.no_grad():
+        base = packed_token_logprobs(model, seqs, ims, pad, img, banned, 1.0, capacity=10**6)
+        seqs2 = [list(s) for s in seqs]
+        seqs2[0][-3] = tok.convert_tokens_to_ids("<|endoftext|>")
+        changed = packed_token_logprobs(model, seqs2, ims, pad, img, banned, 1.0, capacity=10**6)
+    assert not torch.allclose(base[0], changed[0])
+    torch.testing.assert_close(base[1:], changed[1:], atol=1e-6, rtol=0)
