@@ -58,9 +58,11 @@ def launch_plan(cfg) -> str:
         f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
         f"process(es)), device {cfg.cluster.device}, backend {cfg.cluster.backend}, "
         f"parallel {cfg.cluster.parallel if world > 1 else 'none'}, engine {cfg.engine.name}",
-        f"model {cfg.model.name} ({PARAMS_B[cfg.model.name]:.2f} B params, {cfg.model.dtype}), "
-        f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
-        f"{cfg.trainer.steps} steps",
+        f"model {cfg.model.name} ({PARAMS_B[cfg.model.name]:.2f} B params, {cfg.model.dtype}), " + (
+            f"algo sft: {cfg.algo.sft_mazes} {cfg.algo.sft_expert} conversations x {cfg.algo.sft_epochs} epochs, "
+            f"{cfg.algo.sft_batch} per step" if cfg.algo.name == "sft" else
+            f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
+            f"{cfg.trainer.steps} steps"),
         f"per-device memory estimate (GiB): params {params:.2f} + grads {grads:.2f} + optimizer {optim:.2f} "
         f"+ master {master:.2f} + reference {ref:.2f} + engine weights {engine_w:.2f} + KV cache {kv:.2f} "
         f"= {params + grads + optim + master + ref + engine_w + kv:.2f} (activations not included)",
@@ -363,6 +365,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             keep = torch.ones(len(trajs), dtype=torch.bool)
         else:
             advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
+            if faults.active("flip_advantage", step + 1):
+                advantages = -advantages
             keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(trajs),
                                                                                                   dtype=torch.bool)
         kept = [i for i in all_rows if keep[i]]
@@ -514,8 +518,11 @@ def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_ent
 
     seqs, images = [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel]
     if packing:
-        return packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy)
-    return token_logprobs(model, collate(seqs, images, pad_id, image_id), banned, temperature, with_entropy)
+        out = packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy)
+    else:
+        out = token_logprobs(model, collate(seqs, images, pad_id, image_id), banned, temperature, with_entropy)
+    # per-token results join the CPU-side masks and advantages (differentiable copies on GPU; no-ops on CPU)
+    return tuple(o.cpu() for o in out) if with_entropy else out.cpu()
 
 
 @torch.no_grad()

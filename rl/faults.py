@@ -1,8 +1,9 @@
 """Fault injection for the fault-tolerance tests: ``VLMAZE_FAULTS="nan_loss@2,kill_in_save@3"``.
 
-Each entry is ``NAME@STEP``; ``active(NAME, step)`` is true when it is listed. Unset (the normal
-case) costs one dict lookup. Faults: ``nan_loss`` (the step's loss becomes NaN), ``kill_in_save``
-(SIGKILL half-way through writing that step's checkpoint).
+Each entry is ``NAME@STEP`` (or ``NAME@all``); ``active(NAME, step)`` is true when it is listed. Unset
+(the normal case) costs one dict lookup. Faults: ``nan_loss`` (the step's loss becomes NaN), ``kill_in_save``
+(SIGKILL half-way through writing that step's checkpoint), ``flip_advantage`` (the advantages change sign:
+the learning regression test must then fail).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ def _parse(spec: str) -> set[tuple[str, int]]:
     out = set()
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, step = item.partition("@")
-        out.add((name, int(step)))
+        out.add((name, -1 if step == "all" else int(step)))
     return out
 
 
 def active(name: str, step: int) -> bool:
     spec = os.environ.get("VLMAZE_FAULTS")
-    return bool(spec) and (name, int(step)) in _parse(spec)
+    if not spec:
+        return False
+    parsed = _parse(spec)
+    return (name, int(step)) in parsed or (name, -1) in parsed

@@ -37,6 +37,12 @@ def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: 
     return batch
 
 
+def to_model(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Move a CPU-built batch to the model's device (pixel values also to its dtype)."""
+    p = next(model.parameters())
+    return {k: v.to(p.device, p.dtype) if k == "pixel_values" else v.to(p.device) for k, v in batch.items()}
+
+
 def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: float) -> torch.Tensor:
     """logits (..., V) -> the sampling distribution's logits: banned removed, / temperature."""
     logits = logits.float()
@@ -56,6 +62,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     """
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None  # stale state from a previous generate
+    batch = to_model(model, batch)
     out = model(**batch, use_cache=False)
     logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (B, T-1, V)
     logp_all = torch.log_softmax(logits, dim=-1)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import masked_logits
+from rl.logprobs import masked_logits, to_model
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -92,6 +92,7 @@ def packed_token_logprobs(model, sequences: list[list[int]], images: list[list],
     batch, place = packed_batch(model, sequences, images, pad_id, image_token_id, capacity)
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None
+    batch = to_model(model, batch)
     out = model(**batch, use_cache=False)  # no attention_mask: block-diagonal causal from the positions
     logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (R, W-1, V)
     logp_all = torch.log_softmax(logits, dim=-1)

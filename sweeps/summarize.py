@@ -1,6 +1,6 @@
 """Summarise a Hydra multirun of train.py: one table, one CSV, one PNG of learning curves.
 
-    python sweeps/summarize.py multirun/2026-12-02/17-50-00 [--suite fixed64] [--out DIR]
+    python sweeps/summarize.py multirun/2026-12-02/17-50-00 [more dirs, pooled] [--suite fixed64] [--out DIR]
 
 For each job it reads the overrides (``.hydra/overrides.yaml``) and the periodic eval reports
 (``eval/step_N/report.json``); jobs that differ only in ``trainer.seed`` form one setting, shown as
@@ -35,9 +35,11 @@ def load_job(job: Path, suite: str) -> dict | None:
     return {"job": job.name, "setting": setting, "seed": seed, "curve": dict(sorted(curve.items()))}
 
 
-def summarize(multirun: Path, suite: str = "fixed64", out: Path | None = None) -> Path:
-    out = out or multirun
-    jobs = [j for j in (load_job(p, suite) for p in sorted(multirun.iterdir()) if p.is_dir()) if j]
+def summarize(multirun: Path | list[Path], suite: str = "fixed64", out: Path | None = None) -> Path:
+    dirs = multirun if isinstance(multirun, list) else [multirun]
+    multirun = dirs[0] if len(dirs) == 1 else ", ".join(str(d) for d in dirs)
+    out = out or dirs[0]
+    jobs = [j for d in dirs for j in (load_job(p, suite) for p in sorted(d.iterdir()) if p.is_dir()) if j]
     if not jobs:
         raise SystemExit(f"no train.py jobs with .hydra/overrides.yaml under {multirun}")
     settings: dict[str, list[dict]] = {}
@@ -97,7 +99,7 @@ def summarize(multirun: Path, suite: str = "fixed64", out: Path | None = None) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("multirun", type=Path, help="a Hydra multirun dir (hydra.sweep.dir)")
+    parser.add_argument("multirun", type=Path, nargs="+", help="Hydra multirun dirs (hydra.sweep.dir), pooled")
     parser.add_argument("--suite", default="fixed64")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

@@ -135,7 +135,7 @@ def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
     policy-gradient term is 0: the pinned total is the entropy bonus, which still depends on every
     sampled token and on the whole forward.
     """
-    proc = _run(["reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2",
+    proc = _run(["model.path=null", "reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2",
                  "algo.group_size=2", "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0",
                  "trainer.save_every=0", "trainer.steps=3", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]

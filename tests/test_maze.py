@@ -300,3 +300,18 @@ def test_bfs_distances_match_a_reference_bfs():
                 q.append(n)
     dist = distances_from(m.grid, m.start)
     assert all(dist[p] == d for p, d in ref.items()) and (dist >= 0).sum() == len(ref)
+
+
+def test_pad_to_aligns_cells_with_patches_and_pads_with_wall():
+    from maze.render import DEFAULT_PALETTE, MazeRenderer
+
+    m = maze.generate_maze(9, seed=4)
+    plain = MazeRenderer(m, 16).frame(m.start)
+    padded = MazeRenderer(m, 16, pad_to=32).frame(m.start)
+    assert plain.shape == (144, 144, 3) and padded.shape == (160, 160, 3)
+    assert (padded[:144, :144] == plain).all()  # cells keep their pixels: cell (r, c) is patch (r, c)
+    assert (padded[144:] == DEFAULT_PALETTE.wall).all() and (padded[:, 144:] == DEFAULT_PALETTE.wall).all()
+    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32)
+    obs, _ = env.reset(seed=1)
+    assert obs["image"].shape == env.observation_space["image"].shape == (160, 160, 3)
+    assert env.observation_space.contains(obs)

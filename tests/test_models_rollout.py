@@ -158,3 +158,29 @@ def test_greedy_generation_is_reproducible(tiny):
     a = rollout(engine, processor, m, 1, EnvSettings(max_turns=2), SamplingParams(temperature=0.0, max_new_tokens=8))
     b = rollout(engine, processor, m, 1, EnvSettings(max_turns=2), SamplingParams(temperature=0.0, max_new_tokens=8))
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
+
+
+def test_sft_noise_turns_are_untrained_and_followed_by_expert_recoveries():
+    from maze import TrainSampler
+    from models.tiny import build_tiny
+    from rl.rollout import Conversation, EnvSettings
+    from rl.sft import expert_trajectory
+
+    _, processor = build_tiny(0)
+    conv = Conversation(processor)
+    env = EnvSettings(pixels_per_cell=4, max_turns=30)
+    mazes = TrainSampler(sizes=(9,), seed=2).take(6)
+    clean = [expert_trajectory(m, conv, env, "wall_follower") for m in mazes]
+    noisy = [expert_trajectory(m, conv, env, "wall_follower", noise=0.3, seed=k) for k, m in enumerate(mazes)]
+
+    assert all(t.success for t in clean) and all(i["event"] != "bump" for t in clean for i in t.infos)
+    assert all(sum(t.loss_mask) > 0 for t in clean)
+    events = [i["event"] for t in noisy for i in t.infos]
+    assert "bump" in events  # the noisy data holds what the policy will meet
+    # every action's tokens are either all trained or all untrained; noisy ones are untrained
+    tok = conv.tok
+    for t in noisy:
+        text_trained = tok.decode([i for i, m in zip(t.token_ids, t.loss_mask) if m])
+        n_trained = text_trained.count("<action>")
+        assert 0 < n_trained < len(t.actions)
+        assert text_trained.count("</action>") == n_trained

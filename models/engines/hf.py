@@ -50,8 +50,9 @@ class HFEngine:
         flat = [im for p in prompts for im in p.images]
         todo = list({id(im): im for im in flat if im.features is None}.values())
         if todo:
-            out = self.model.model.get_image_features(torch.cat([im.pixels() for im in todo]),
-                                                      torch.stack([im.grid_thw for im in todo]))
+            p = next(self.model.parameters())
+            out = self.model.model.get_image_features(torch.cat([im.pixels() for im in todo]).to(p.device, p.dtype),
+                                                      torch.stack([im.grid_thw for im in todo]).to(p.device))
             for k, im in enumerate(todo):
                 im.features = (out.pooler_output[k], [layer[k] for layer in out.deepstack_features])
         if not flat:
@@ -64,6 +65,8 @@ class HFEngine:
     def _generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
         batch = collate([p.token_ids for p in prompts], [p.images for p in prompts], self.pad_id,
                         self.image_token_id, left_pad=True, with_pixels=False)
+        device = next(self.model.parameters()).device
+        batch = {k: v.to(device) for k, v in batch.items()}
         encoded = self._encode_images(prompts)
         if encoded is not None:
             batch["mm_encoder_outputs"] = encoded

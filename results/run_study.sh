@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The CPU reproduction study behind results/README.md (tiny Qwen3-VL: shipped SFT start -> GRPO).
+# Jobs run two at a time with one thread each (faster in total than one at a time on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+# 1. the default job over 3 seeds
+python train.py -m trainer.seed=0,1,2 hydra.sweep.dir=multirun/study_seeds hydra/launcher=basic
+# 2. group size and KL (one seed each on this machine; the committed sweeps add seeds 1-2)
+python train.py -m algo.group_size=8 hydra.sweep.dir=multirun/study_group_size
+python train.py -m algo.kl_coef=0.01 algo.kl_estimator=k1,k3 hydra.sweep.dir=multirun/study_kl
+# 3. evaluate the start and every final checkpoint on the frozen suites; tables, failures, curves
+python sweeps/study.py --seeds multirun/study_seeds --start checkpoints/tiny_sft \
+    --sweep group_size=multirun/study_seeds+multirun/study_group_size \
+    --sweep kl=multirun/study_seeds+multirun/study_kl --out results

@@ -1,0 +1,126 @@
+"""The reproduction study: SFT start vs GRPO end on every frozen suite over seeds, failures before and
+after, and the sweeps' curves, written as results/README.md + PNGs (no event files).
+
+    python sweeps/study.py --seeds multirun/study_seeds --start checkpoints/tiny_sft \\
+        --sweep group_size=multirun/group_size --sweep kl=multirun/kl --out results
+
+``--seeds`` is a multirun of the default job over ``trainer.seed`` (``python train.py -m
+trainer.seed=0,1,2``). Every final checkpoint and the start are evaluated greedily on ``--suites``
+with ``evaluate.py`` (skipped where ``<out>/eval/<name>/report.json`` already exists); each
+``--sweep NAME=DIR`` is summarised with ``sweeps/summarize.py`` and its table and curves copied in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rl.evaluation import wilson_interval  # noqa: E402
+
+SUITES = ["fixed64", "size7", "size11", "size13", "gen_backtracker", "gen_prim", "gen_kruskal", "braided",
+          "random_placement"]
+
+
+def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
+    report = out / "report.json"
+    if not report.is_file():
+        cmd = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"suites=[{','.join(suites)}]",
+               f"hydra.run.dir={out}", "figures=true"]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    return json.loads(report.read_text())
+
+
+def final_checkpoint(job: Path) -> Path:
+    steps = sorted((job / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not steps:
+        raise SystemExit(f"study: no checkpoint in {job}")
+    return steps[-1]
+
+
+def pooled(reports: list[dict], suite: str) -> tuple[float, tuple[float, float], list[float]]:
+    rates = [r["suites"][suite]["success_rate"] for r in reports]
+    succ = sum(round(r["suites"][suite]["success_rate"] * r["suites"][suite]["n"]) for r in reports)
+    n = sum(r["suites"][suite]["n"] for r in reports)
+    return succ / n, wilson_interval(succ, n), rates
+
+
+def failures_table(start: dict, ends: list[dict], suite: str) -> list[str]:
+    classes = sorted({k for r in [start, *ends] for k in r["suites"][suite]["failures"]})
+    metrics = ["mean_bumps", "mean_invalid_actions", "mean_revisits", "mean_loops", "mean_dead_end_entries"]
+    lines = [f"| {suite} | SFT start | GRPO end (mean over {len(ends)} seeds) |", "| --- | --- | --- |"]
+    n_start = start["suites"][suite]["n"]
+    for c in classes:
+        a = start["suites"][suite]["failures"].get(c, 0) / n_start
+        b = sum(r["suites"][suite]["failures"].get(c, 0) / r["suites"][suite]["n"] for r in ends) / len(ends)
+        lines.append(f"| failure: {c} (share of episodes) | {a:.3f} | {b:.3f} |")
+    for m in metrics:
+        a = start["suites"][suite][m]
+        b = sum(r["suites"][suite][m] for r in ends) / len(ends)
+        lines.append(f"| {m.replace('mean_', 'per episode: ')} | {a:.2f} | {b:.2f} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=Path, required=True)
+    ap.add_argument("--start", type=Path, default=ROOT / "checkpoints" / "tiny_sft")
+    ap.add_argument("--sweep", action="append", default=[], help="NAME=DIR[+DIR...] (dirs pooled in one table)")
+    ap.add_argument("--suites", default=",".join(SUITES))
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    args = ap.parse_args()
+    suites = args.suites.split(",")
+    out = args.out
+    (out / "eval").mkdir(parents=True, exist_ok=True)
+
+    start = evaluate(args.start, out / "eval" / "sft_start", suites)
+    jobs = sorted(p for p in args.seeds.iterdir() if (p / ".hydra").is_dir())
+    ends = [evaluate(final_checkpoint(j), out / "eval" / f"grpo_end_{j.name.split('_')[0]}", suites) for j in jobs]
+
+    lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
+             "Produced by `sweeps/study.py` (commands in `results/run_study.sh`); greedy decoding, one episode per "
+             "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
+             f"{len(ends)} seeds ({', '.join(j.name for j in jobs)}).", "",
+             "| suite | n | SFT start | GRPO end (pooled) | per seed | diff | intervals apart |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in suites:
+        a = start["suites"][s]
+        rate, ci, rates = pooled(ends, s)
+        apart = ci[0] > a["ci95"][1] or ci[1] < a["ci95"][0]
+        lines.append(f"| {s} | {a['n']} | {a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
+                     f"{rate:.3f} [{ci[0]:.2f}, {ci[1]:.2f}] | {' / '.join(f'{r:.3f}' for r in rates)} | "
+                     f"{rate - a['success_rate']:+.3f} | {'yes' if apart else 'no'} |")
+    lines += ["", "## Failure breakdown before and after (fixed64)", "", *failures_table(start, ends, "fixed64"), ""]
+
+    seeds_summary = out / "seeds"
+    subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), str(args.seeds), "--out", str(seeds_summary)],
+                   check=True)
+    shutil.copy(seeds_summary / "curves.png", out / "curve_seeds.png")
+    lines += ["## GRPO learning curve (fixed64, mean ± std over seeds)", "", "![](curve_seeds.png)", ""]
+    for spec in args.sweep:
+        name, _, path = spec.partition("=")
+        dest = out / name
+        subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), *path.split("+"), "--out", str(dest)],
+                       check=True)
+        shutil.copy(dest / "curves.png", out / f"curve_{name}.png")
+        lines += [f"## Sweep: {name}", "", (dest / "summary.md").read_text().strip(), "",
+                  f"![](curve_{name}.png)", ""]
+    for sub in [seeds_summary, *[out / s.partition("=")[0] for s in args.sweep]]:
+        for f in sub.glob("*.png"):
+            f.unlink()  # the copies above are the ones linked
+    for d in (out / "eval").iterdir():  # keep reports and figures, not TensorBoard event files
+        for ev in d.rglob("events.out.tfevents.*"):
+            ev.unlink()
+    (out / "README.md").write_text("\n".join(lines))
+    print(f"wrote {out / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()
