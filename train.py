@@ -353,10 +353,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         if multi_update or (reference is not None and a.kl_in == "reward"):
             policy.eval()
             old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
-                            cfg.trainer.packing)
+                            cfg.trainer.packing, not fsdp)
         if reference is not None:
             ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
-                            cfg.trainer.packing)
+                            cfg.trainer.packing, not fsdp)
         if ref_lp is not None and a.kl_in == "reward":
             kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
             rewards = rewards - a.kl_coef * kl_seq
@@ -392,7 +392,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     if not sel:
                         continue
                     lp, ent = _logprobs(policy, trajs, sel, pad_id, image_id, banned, 1.0 if sft else a.temperature,
-                                        with_entropy=True, packing=cfg.trainer.packing)
+                                        with_entropy=True, packing=cfg.trainer.packing, share_images=not fsdp)
                     width = lp.shape[1]
                     m = mask_all[sel, :width]  # (n, T)
                     if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
@@ -511,28 +511,38 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     return score
 
 
-def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_entropy=False, packing=False):
-    """Per-token logprobs (and entropy) of trajectories ``sel``: (n, longest) right-padded layout."""
+def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_entropy=False, packing=False,
+              share_images=True):
+    """Per-token logprobs (and entropy) of trajectories ``sel``: (n, longest) right-padded layout.
+
+    ``share_images``: each distinct frame is run through the vision tower once per forward (a group's
+    samples share their first frame and every cell they both visit); off under FSDP2, whose sharded
+    vision tower is only entered through the root module's forward.
+    """
     from rl.logprobs import collate, token_logprobs
     from rl.packing import packed_token_logprobs
 
     seqs, images = [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel]
     if packing:
-        out = packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy)
+        out = packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy,
+                                    share_images=share_images)
     else:
-        out = token_logprobs(model, collate(seqs, images, pad_id, image_id), banned, temperature, with_entropy)
+        flat = [im for row in images for im in row] if share_images else None
+        out = token_logprobs(model, collate(seqs, images, pad_id, image_id, with_pixels=not share_images), banned,
+                             temperature, with_entropy, images=flat)
     # per-token results join the CPU-side masks and advantages (differentiable copies on GPU; no-ops on CPU)
     return tuple(o.cpu() for o in out) if with_entropy else out.cpu()
 
 
 @torch.no_grad()
-def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature, packing=False) -> torch.Tensor:
+def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature, packing=False,
+           share_images=True) -> torch.Tensor:
     """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad."""
     width = max(len(trajs[i].token_ids) for i in rows)
     chunks = []
     for lo in range(0, len(rows), micro_batch):
         lp = _logprobs(model, trajs, rows[lo:lo + micro_batch], pad_id, image_id, banned, temperature,
-                       packing=packing)
+                       packing=packing, share_images=share_images)
         chunks.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
     return torch.cat(chunks, dim=0)
 

@@ -3,7 +3,7 @@
 The same library calls ``train.py`` makes, without its logging and checkpointing: on-policy with
 one PPO epoch, so the old logprobs are the current ones detached (no extra forward), no KL (no
 reference model), images encoded once per rollout by the hf engine, one packed (or padded)
-forward and backward over the whole batch.
+forward and backward over the whole batch in which each distinct image is encoded once.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ class GRPOStep:
         model.train()
         if self.packing:
             lp = packed_token_logprobs(model, seqs, images, e.pad_id, e.image_token_id, e.banned_token_ids,
-                                       self.temperature)
+                                       self.temperature, share_images=True)
         else:
-            lp = token_logprobs(model, collate(seqs, images, e.pad_id, e.image_token_id), e.banned_token_ids,
-                                self.temperature)
+            lp = token_logprobs(model, collate(seqs, images, e.pad_id, e.image_token_id, with_pixels=False),
+                                e.banned_token_ids, self.temperature, images=[im for row in images for im in row])
         out = policy_loss(lp, lp.detach(), adv, mask, self.clip, self.clip)
         loss = aggregate(out.loss_per_token, mask, "token_mean", float(mask.sum()), float(len(trajs)), 1.0)
         self.opt.zero_grad(set_to_none=True)

@@ -96,15 +96,18 @@ def tiny_config(tokenizer) -> Qwen3VLConfig:
     ids = tokenizer.convert_tokens_to_ids
     head_dim = 32
     text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                 head_dim=head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [6, 5, 5], "mrope_interleaved": True},
                 pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"))
-    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
+    # Reading the walls around the agent is the bottleneck of the tiny recipe: a 2 x 64 vision tower
+    # reached ~80 % move accuracy on expert turns (turns ~60 %) after 1,000 SFT steps; this one is wider
+    # and deeper (see README, "The tiny SFT start").
+    vision = dict(depth=3, hidden_size=96, intermediate_size=192, num_heads=3,
                   patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE,
                   temporal_patch_size=TEMPORAL_PATCH, out_hidden_size=128,
-                  num_position_embeddings=256, deepstack_visual_indexes=[1])
+                  num_position_embeddings=256, deepstack_visual_indexes=[1, 2])
     return Qwen3VLConfig(text_config=text, vision_config=vision,
                          image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                          vision_start_token_id=ids("<|vision_start|>"),

@@ -37,10 +37,32 @@ def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: 
     return batch
 
 
+def shared_image_features(model, images: list[ImageInput]) -> dict:
+    """Vision features for a flat list of image occurrences, each distinct image encoded once.
+
+    A GRPO group's G samples start from the same frame, and samples that walk the same cells share
+    later frames too (``rl.rollout.Conversation`` hands out one ``ImageInput`` per distinct frame).
+    The vision tower runs once per distinct image; every occurrence uses that output, so its
+    gradient is the sum over occurrences — the same gradient as encoding each occurrence alone.
+    Returns ``mm_encoder_outputs`` for the model's forward (with grad when grad is enabled).
+    """
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    uniq = list({id(im): im for im in images}.values())
+    index = {id(im): k for k, im in enumerate(uniq)}
+    p = next(model.parameters())
+    out = model.model.get_image_features(torch.cat([im.pixels() for im in uniq]).to(p.device, p.dtype),
+                                         torch.stack([im.grid_thw for im in uniq]).to(p.device))
+    pooled = tuple(out.pooler_output[index[id(im)]] for im in images)
+    deep = [tuple(layer[index[id(im)]] for im in images) for layer in out.deepstack_features]
+    return {"image": BaseModelOutputWithDeepstackFeatures(pooler_output=pooled, deepstack_features=deep)}
+
+
 def to_model(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Move a CPU-built batch to the model's device (pixel values also to its dtype)."""
     p = next(model.parameters())
-    return {k: v.to(p.device, p.dtype) if k == "pixel_values" else v.to(p.device) for k, v in batch.items()}
+    return {k: v.to(p.device, p.dtype) if k == "pixel_values" else v.to(p.device) if torch.is_tensor(v) else v
+            for k, v in batch.items()}
 
 
 def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: float) -> torch.Tensor:
@@ -54,15 +76,20 @@ def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: floa
 
 
 def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int], temperature: float,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, images: list[ImageInput] | None = None):
     """Logprob of every token given its prefix.
 
     Returns logprobs (B, T) with column 0 set to 0 (no prefix), and, if asked, the entropy
-    (B, T) of the sampling distribution at each predicted position (column 0 = 0).
+    (B, T) of the sampling distribution at each predicted position (column 0 = 0). With
+    ``images`` (the batch's image occurrences in order) each distinct image is encoded once
+    (``shared_image_features``) instead of once per occurrence from ``pixel_values``.
     """
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None  # stale state from a previous generate
     batch = to_model(model, batch)
+    if images:
+        batch.pop("pixel_values", None)
+        batch["mm_encoder_outputs"] = shared_image_features(model, images)
     out = model(**batch, use_cache=False)
     logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (B, T-1, V)
     logp_all = torch.log_softmax(logits, dim=-1)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import masked_logits, to_model
+from rl.logprobs import masked_logits, shared_image_features, to_model
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -54,15 +54,18 @@ def _positions(model, ids: torch.Tensor, image_token_id: int, grids: list[torch.
 
 
 def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: int, image_token_id: int,
-                 capacity: int = 0) -> tuple[dict[str, torch.Tensor], list[tuple[int, int, int]]]:
-    """Pack sequences into rows. Returns (model inputs, placement) with placement[i] = (row, start, length)."""
+                 capacity: int = 0, share_images: bool = False) -> tuple[dict, list[tuple[int, int, int]]]:
+    """Pack sequences into rows. Returns (model inputs, placement) with placement[i] = (row, start, length).
+
+    ``share_images``: each distinct image is encoded once (``rl.logprobs.shared_image_features``).
+    """
     lengths = [len(s) for s in sequences]
     rows = pack_rows(lengths, capacity or max(lengths))
     width = max(sum(lengths[i] for i in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     pos = torch.zeros((4, len(rows), width), dtype=torch.long)
     place: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sequences)
-    pixels, grids = [], []
+    pixels, grids, occurrences = [], [], []
     for r, row in enumerate(rows):
         at = 0
         for i in row:
@@ -71,25 +74,31 @@ def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: 
             pos[:, r, at:at + len(seq)] = _positions(model, seq, image_token_id, [im.grid_thw for im in images[i]])
             place[i] = (r, at, len(seq))
             for im in images[i]:
-                pixels.append(im.pixels())
+                if not share_images:
+                    pixels.append(im.pixels())
                 grids.append(im.grid_thw)
+                occurrences.append(im)
             at += len(seq)
         # the tail is padding: its own sequence (positions restart), never read back
         pos[:, r, at:] = torch.arange(width - at)
     batch = {"input_ids": ids, "position_ids": pos, "mm_token_type_ids": (ids == image_token_id).long()}
-    if pixels:
-        batch["pixel_values"] = torch.cat(pixels, dim=0)
+    if grids:
         batch["image_grid_thw"] = torch.stack(grids, dim=0)
+        if share_images:
+            batch["mm_encoder_outputs"] = shared_image_features(model, occurrences)
+        else:
+            batch["pixel_values"] = torch.cat(pixels, dim=0)
     return batch, place
 
 
 def packed_token_logprobs(model, sequences: list[list[int]], images: list[list], pad_id: int, image_token_id: int,
-                          banned_ids: list[int], temperature: float, with_entropy: bool = False, capacity: int = 0):
+                          banned_ids: list[int], temperature: float, with_entropy: bool = False, capacity: int = 0,
+                          share_images: bool = False):
     """Like ``rl.logprobs.token_logprobs`` on the right-padded batch, computed from packed rows.
 
     Returns logprobs (N, T) with T the longest sequence, column 0 and padding = 0 (and entropy).
     """
-    batch, place = packed_batch(model, sequences, images, pad_id, image_token_id, capacity)
+    batch, place = packed_batch(model, sequences, images, pad_id, image_token_id, capacity, share_images)
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None
     batch = to_model(model, batch)

@@ -73,3 +73,38 @@ def test_packing_really_packs_and_isolates(batch):
         changed = packed_token_logprobs(model, seqs2, ims, pad, img, banned, 1.0, capacity=10**6)
     assert not torch.allclose(base[0], changed[0])
     torch.testing.assert_close(base[1:], changed[1:], atol=1e-6, rtol=0)
+
+
+def test_shared_image_encoding_gives_the_same_logprobs_and_gradients():
+    """A group's samples share frames; encoding each distinct frame once must not change anything."""
+    from rl.logprobs import collate
+
+    torch.manual_seed(0)
+    model, processor = build_tiny(0)
+    conv = Conversation(processor)
+    env = EnvSettings(pixels_per_cell=16, pad_to=32, max_turns=6)
+    m = TrainSampler(sizes=(7,), seed=5).take(1)[0]
+    trajs = [expert_trajectory(m, conv, env, "wall_follower", noise=0.5, seed=k) for k in range(4)]
+    flat = [im for t in trajs for im in t.images]
+    assert len({id(im) for im in flat}) < len(flat)  # frames really are shared
+    tok = processor.tokenizer
+    banned = banned_token_ids(tok)
+    pad, img = tok.pad_token_id, model.config.image_token_id
+    seqs, ims = [t.token_ids for t in trajs], [t.images for t in trajs]
+
+    def run(**kw):
+        model.zero_grad()
+        if kw.pop("packed"):
+            lp = packed_token_logprobs(model, seqs, ims, pad, img, banned, 1.0, **kw)
+        else:
+            lp = token_logprobs(model, collate(seqs, ims, pad, img), banned, 1.0, **kw)
+        lp.sum().backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_lp, ref_g = run(packed=False)
+    for kw in [dict(packed=False, images=flat), dict(packed=True, share_images=True)]:
+        lp, g = run(**kw)
+        torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
+        assert g.keys() == ref_g.keys() and any("visual" in n for n in g)
+        for n in g:
+            torch.testing.assert_close(g[n], ref_g[n], atol=1e-5, rtol=1e-4)
