@@ -31,11 +31,19 @@ class GRPOStep:
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
 
     def __call__(self, mazes, seed: int = 0) -> dict:
-        e, model = self.engine, self.model
+        model = self.model
         t0 = time.perf_counter()
         model.eval()
         sampling = SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=seed)
-        trajs = rollout(e, self.processor, mazes, self.group_size, self.env, sampling)
+        trajs = rollout(self.engine, self.processor, mazes, self.group_size, self.env, sampling)
+        t1 = time.perf_counter()
+        res = self.update(trajs, self.packing)
+        self.last_trajs = trajs
+        return {"generate": t1 - t0, **res, "step": time.perf_counter() - t0}
+
+    def update(self, trajs, packing: bool) -> dict:
+        """Rewards, advantages, then one forward/backward/optimizer step over ``trajs``."""
+        e, model = self.engine, self.model
         t1 = time.perf_counter()
         rewards = torch.tensor([self.reward(t) for t in trajs])
         adv = group_advantages(rewards, self.group_size)
@@ -46,7 +54,7 @@ class GRPOStep:
             mask[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float)
         t2 = time.perf_counter()
         model.train()
-        if self.packing:
+        if packing:
             lp = packed_token_logprobs(model, seqs, images, e.pad_id, e.image_token_id, e.banned_token_ids,
                                        self.temperature, share_images=True)
         else:
@@ -59,6 +67,5 @@ class GRPOStep:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         self.opt.step()
         t3 = time.perf_counter()
-        return {"generate": t1 - t0, "score": t2 - t1, "update": t3 - t2, "step": t3 - t0,
-                "tokens": float(mask.sum()), "context_tokens": float(sum(len(s) for s in seqs)),
-                "padded_tokens": float(len(seqs) * width)}
+        return {"score": t2 - t1, "update": t3 - t2, "tokens": float(mask.sum()),
+                "context_tokens": float(sum(len(s) for s in seqs)), "padded_tokens": float(len(seqs) * width)}

@@ -4,7 +4,7 @@ One axis at a time from a small base point (2 mazes x 4 samples x 4 turns, all i
 each point the median of ``--steps`` steps after one warm-up, through ``bench.common.GRPOStep``
 (the library calls train.py makes). The policy is the shipped SFT checkpoint when it exists (its
 episodes end at different turns, as in training), else the random tiny model. The update is
-timed with padding-free packing and, in the same run, with right padding.
+timed with padding-free packing and, on the same trajectories, with right padding.
 
     python bench/scaling.py [--steps 2] [--out bench/scaling.png]
 
@@ -42,15 +42,18 @@ def policy():
     return model, processor, "random tiny model"
 
 
-def measure(point: dict, steps: int, packing: bool, model, processor) -> dict:
+def measure(point: dict, steps: int, model, processor) -> dict:
+    """Median over ``steps`` GRPO steps (packed update) after one warm-up; the padded update is timed on
+    the same trajectories right after each step (lr 0: the weights do not move)."""
     env = EnvSettings(pixels_per_cell=16, pad_to=32, max_turns=point["turns"],
                       max_images_in_context=point["images"])
     torch.manual_seed(0)
-    stepper = GRPOStep(model, processor, env, point["group"], 16, lr=0.0, packing=packing)
+    stepper = GRPOStep(model, processor, env, point["group"], 16, lr=0.0, packing=True)
     mazes = TrainSampler(sizes=(9,), seed=5).take(point["mazes"] * (steps + 1))
     rows = []
     for s in range(steps + 1):
         res = stepper(mazes[s * point["mazes"]:(s + 1) * point["mazes"]], seed=s)
+        res["update_padded"] = stepper.update(stepper.last_trajs, packing=False)["update"]
         if s:
             rows.append(res)
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -63,7 +66,6 @@ def main() -> None:
     ap.add_argument("--axes", default=",".join(AXES))
     args = ap.parse_args()
     model, processor, what = policy()
-    state = {k: v.clone() for k, v in model.state_dict().items()}  # lr 0 keeps it, but be explicit
     print(f"policy: {what}; base point {BASE}; median of {args.steps} steps after 1 warm-up")
     print(f"{'axis':7s} {'value':>5s} {'step_s':>7s} {'gen_s':>6s} {'upd_pack_s':>10s} {'upd_pad_s':>9s} "
           f"{'trained_tok':>11s} {'tok/s':>7s} {'cost_ratio':>10s} {'pad_waste':>9s}")
@@ -73,12 +75,8 @@ def main() -> None:
         table[axis] = []
         for value in AXES[axis]:
             point = {**BASE, axis: value}
-            model.load_state_dict(state)
-            packed = measure(point, args.steps, True, model, processor)
-            model.load_state_dict(state)
-            padded = measure(point, args.steps, False, model, processor)
-            row = {"value": value, **packed, "update_padded": padded["update"],
-                   "cost": packed["step"] / max(packed["tokens"], 1.0)}
+            row = {"value": value, **measure(point, args.steps, model, processor)}
+            row["cost"] = row["step"] / max(row["tokens"], 1.0)
             table[axis].append(row)
         base_cost = min(r["cost"] for r in table[axis])
         for r in table[axis]:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 # 1. the default job over 3 seeds
-python train.py -m trainer.seed=0,1,2 hydra.sweep.dir=multirun/study_seeds hydra/launcher=basic
+python train.py -m trainer.seed=0,1,2 hydra.sweep.dir=multirun/study_seeds
 # 2. group size and KL (one seed each on this machine; the committed sweeps add seeds 1-2)
 python train.py -m algo.group_size=8 hydra.sweep.dir=multirun/study_group_size
 python train.py -m algo.kl_coef=0.01 algo.kl_estimator=k1,k3 hydra.sweep.dir=multirun/study_kl

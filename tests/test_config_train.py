@@ -144,11 +144,12 @@ def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     losses = [e.value for e in acc.Scalars("loss/total")]
-    assert losses == pytest.approx([-0.3088475167751312, -0.3076336085796356, -0.2955136001110077], rel=1e-5)
+    assert losses == pytest.approx([-0.308727502822876, -0.3087038993835449, -0.3024939000606537], rel=1e-5)
 
 
 def test_sft_trains_on_expert_conversations_and_lowers_its_loss(tmp_path):
-    proc = _run(["algo=sft", "algo.sft_expert=wall_follower", "algo.sft_mazes=4", "algo.sft_batch=2",
+    proc = _run(["algo=sft", "model.path=null", "algo.warmup_steps=0", "algo.lr_schedule=constant",
+                 "algo.sft_expert=wall_follower", "algo.sft_mazes=4", "algo.sft_batch=2",
                  "algo.sft_epochs=2", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
