@@ -138,7 +138,7 @@ class TrainerConfig:
     deterministic: bool = True
     max_nonfinite_steps: int = 3  # stop after this many NaN/inf steps in a row
     log_transcripts: int = 2
-    packing: bool = True  # padding-free packing of trajectories in the trainer's forward (rl/packing.py)
+    packing: bool = False  # padding-free packing in the trainer's forward (rl/packing.py); pays off with heavy padding
 
 
 @dataclass

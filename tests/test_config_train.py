@@ -111,7 +111,8 @@ def test_train_runs_logs_checkpoints_and_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("algo", [["algo=gspo", "algo.ppo_epochs=2", "algo.kl_coef=0.01", "algo.kl_in=reward"],
-                                  ["algo=dapo", "algo.minibatches=2", "algo.kl_coef=0.01", "algo.tis_cap=2.0"]])
+                                  ["algo=dapo", "algo.minibatches=2", "algo.kl_coef=0.01", "algo.tis_cap=2.0",
+                                   "trainer.packing=true"]])
 def test_train_variants_with_reference_and_several_updates(tmp_path, algo):
     proc = _run([*TINY, *algo, "trainer.steps=1", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
