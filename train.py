@@ -80,10 +80,7 @@ def write_slurm_script(cfg, run_dir: str) -> Path:
     c = cfg.cluster
     folder = Path(run_dir) / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    overrides = [a for a in sys.argv[1:] if a not in ("-m", "--multirun") and not a.startswith("dry_run=")]
-    if HydraConfig.get().mode.name == "MULTIRUN":
-        overrides = list(HydraConfig.get().overrides.task)
-    overrides = [o for o in overrides if not o.startswith("dry_run=")]
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("dry_run=")]
     command = " ".join([sys.executable, "-u", str(Path(__file__).resolve()), *overrides, f"hydra.run.dir={run_dir}"])
     params = {"partition": c.partition or None, "nodes": c.nnodes, "gpus_per_node": c.nproc_per_node,
               "ntasks_per_node": 1, "cpus_per_task": c.cpus_per_task, "time": c.timeout_min,
@@ -513,24 +510,12 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
 def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_entropy=False, packing=False,
               share_images=True):
-    """Per-token logprobs (and entropy) of trajectories ``sel``: (n, longest) right-padded layout.
+    """Per-token logprobs (and entropy) of trajectories ``sel`` (``rl.packing.sequence_logprobs``), on the CPU
+    where the masks and advantages are (differentiable copies on GPU; no-ops on CPU)."""
+    from rl.packing import sequence_logprobs
 
-    ``share_images``: each distinct frame is run through the vision tower once per forward (a group's
-    samples share their first frame and every cell they both visit); off under FSDP2, whose sharded
-    vision tower is only entered through the root module's forward.
-    """
-    from rl.logprobs import collate, token_logprobs
-    from rl.packing import packed_token_logprobs
-
-    seqs, images = [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel]
-    if packing:
-        out = packed_token_logprobs(model, seqs, images, pad_id, image_id, banned, temperature, with_entropy,
-                                    share_images=share_images)
-    else:
-        flat = [im for row in images for im in row] if share_images else None
-        out = token_logprobs(model, collate(seqs, images, pad_id, image_id, with_pixels=not share_images), banned,
-                             temperature, with_entropy, images=flat)
-    # per-token results join the CPU-side masks and advantages (differentiable copies on GPU; no-ops on CPU)
+    out = sequence_logprobs(model, [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id,
+                            image_id, banned, temperature, with_entropy, packing, share_images)
     return tuple(o.cpu() for o in out) if with_entropy else out.cpu()
 
 

@@ -15,8 +15,7 @@ import torch
 from models.engines.base import SamplingParams
 from models.engines.hf import HFEngine
 from rl.grpo import aggregate, group_advantages, policy_loss
-from rl.logprobs import collate, token_logprobs
-from rl.packing import packed_token_logprobs
+from rl.packing import sequence_logprobs
 from rl.rollout import rollout
 
 
@@ -54,12 +53,8 @@ class GRPOStep:
             mask[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float)
         t2 = time.perf_counter()
         model.train()
-        if packing:
-            lp = packed_token_logprobs(model, seqs, images, e.pad_id, e.image_token_id, e.banned_token_ids,
-                                       self.temperature, share_images=True)
-        else:
-            lp = token_logprobs(model, collate(seqs, images, e.pad_id, e.image_token_id, with_pixels=False),
-                                e.banned_token_ids, self.temperature, images=[im for row in images for im in row])
+        lp = sequence_logprobs(model, seqs, images, e.pad_id, e.image_token_id, e.banned_token_ids,
+                               self.temperature, packing=packing)
         out = policy_loss(lp, lp.detach(), adv, mask, self.clip, self.clip)
         loss = aggregate(out.loss_per_token, mask, "token_mean", float(mask.sum()), float(len(trajs)), 1.0)
         self.opt.zero_grad(set_to_none=True)

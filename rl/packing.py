@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import masked_logits, shared_image_features, to_model
+from rl.logprobs import collate, masked_logits, shared_image_features, to_model, token_logprobs
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -119,3 +119,17 @@ def packed_token_logprobs(model, sequences: list[list[int]], images: list[list],
         if with_entropy:
             ent[i, 1:n] = ent_all[r, start:start + n - 1]
     return (lp, ent) if with_entropy else lp
+
+
+def sequence_logprobs(model, sequences: list[list[int]], images: list[list], pad_id: int, image_token_id: int,
+                      banned_ids: list[int], temperature: float, with_entropy: bool = False, packing: bool = False,
+                      share_images: bool = True):
+    """The trainer's forward over whole trajectories: packed or right-padded, each distinct image encoded
+    once (``share_images``; off under FSDP2, whose sharded vision tower is only entered through the root
+    module's forward). Returns (N, longest) logprobs (and entropy), as ``rl.logprobs.token_logprobs``."""
+    if packing:
+        return packed_token_logprobs(model, sequences, images, pad_id, image_token_id, banned_ids, temperature,
+                                     with_entropy, share_images=share_images)
+    flat = [im for row in images for im in row] if share_images else None
+    batch = collate(sequences, images, pad_id, image_token_id, with_pixels=not share_images)
+    return token_logprobs(model, batch, banned_ids, temperature, with_entropy, images=flat)
