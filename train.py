@@ -218,7 +218,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                                     generators=list(cfg.env.generators), braid=cfg.env.braid,
                                     placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)
         expert = [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
-                                    max_turns=a.sft_max_turns) for k, m in enumerate(expert_mazes)]
+                                    max_turns=a.sft_max_turns, with_thought=a.sft_thought)
+                  for k, m in enumerate(expert_mazes)]
         steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
         total_steps = a.sft_epochs * steps_per_epoch
     else:

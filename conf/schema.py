@@ -80,6 +80,7 @@ class AlgoConfig:
     sft_batch: int = 8  # algo=sft: conversations per optimizer step
     sft_noise: float = 0.0  # algo=sft: chance of a random (untrained) move per turn, so the data holds recoveries
     sft_max_turns: int = 0  # algo=sft: cut expert conversations after this many turns (0 = env.max_turns x 2)
+    sft_thought: bool = True  # algo=sft: each expert turn first says what it sees (<think>facing ..; open ..</think>)
     sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
 
 

@@ -68,6 +68,12 @@ def _training_corpus() -> list[str]:
               "You stopped on the goal. Solved!", "You reached the goal. Solved!",
               "You stopped, but you are not on the goal. Episode over.", "Out of turns.",
               "I am on the goal. <action>stop</action>", "0 1 2 3 4 5 6 7 8 9 , . ! ? : ; ' \" ( )"]
+    # the SFT experts' short thoughts (rl.sft.thought): what the agent sees around itself
+    from itertools import combinations
+    for k in range(1, 5):
+        for dirs in combinations(moves[:4], k):
+            lines += [f"<think>facing {m}; open {' '.join(dirs)}</think>" for m in moves[:4]]
+    lines += ["<think>on the goal</think><action>stop</action>"]
     return lines * 20
 
 

@@ -9,6 +9,13 @@ shortcuts the rule does not take.
 Each expert conversation is assembled exactly like a rollout (``rl.rollout.Conversation``), so
 SFT trains on the token layout the policy will later sample in. The expert's turn is
 ``<action>MOVE</action><|im_end|>``; it ends with ``stop`` on the goal.
+
+With ``thought`` (``algo.sft_thought``, default on) each expert turn first says what the agent
+sees — ``<think>facing right; open up right</think><action>up</action>`` or ``<think>on the
+goal</think><action>stop</action>`` — the short thought the system prompt asks for. It gives
+every turn four wall labels and a goal label to learn from instead of one move, and the move is
+then a simple function of the model's own thought (the wall follower: the first open direction
+of right-of-facing, facing, left-of-facing, back).
 """
 
 from __future__ import annotations
@@ -23,8 +30,18 @@ EXPERTS = ("bfs", "wall_follower")
 _EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
 
 
+def thought(maze: Maze, position: tuple[int, int], facing: str) -> str:
+    """The expert's perception of its cell: the goal, or its heading and the open directions."""
+    if position == maze.goal:
+        return "<think>on the goal</think>"
+    r, c = position
+    open_dirs = [m for m, (dr, dc) in MOVES.items() if maze.is_floor((r + dr, c + dc))]
+    return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
+
+
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
-                      noise: float = 0.0, seed: int = 0, max_turns: int = 0) -> Trajectory:
+                      noise: float = 0.0, seed: int = 0, max_turns: int = 0,
+                      with_thought: bool = False) -> Trajectory:
     """One expert conversation; the expert answers from wherever the agent stands.
 
     ``noise`` > 0 injects off-expert turns (DART-style): with that probability a uniformly random
@@ -32,6 +49,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     then holds what the policy itself will meet — bumps, their feedback, detours — each followed by
     the expert's recovery, which is trained on. Without it the data never leaves the expert's path.
     ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
+    ``with_thought`` prefixes each turn with ``thought(...)`` (trained on, except on noisy turns).
     """
     from rl.policies import ACT
 
@@ -44,18 +62,19 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     state: dict = {}
     for _ in range(budget):
         at_goal = e.position == maze.goal
+        think = thought(maze, e.position, state.get("heading", "down")) if with_thought else ""
         off = noise > 0 and not at_goal and rng.random() < noise
         move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
         if not env.require_stop and move == "stop":
             break
-        text = f"<action>{move}</action>"
+        text = f"{think}<action>{move}</action>"
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
         t.append(ids, 0 if off else 1)
         t.actions.append(text)
         before = e.position
         obs, _, terminated, truncated, info = e.step(text)
-        if off and e.position != before:
-            state["heading"] = move  # the wall follower's heading is its last successful move
+        if e.position != before:
+            state["heading"] = move  # the heading (wall follower, thought) is the last move that moved
         t.infos.append(info)
         if terminated or truncated or (not env.require_stop and e.position == maze.goal):
             t.append(conv.newline, 0)

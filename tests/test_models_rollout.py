@@ -184,3 +184,36 @@ def test_sft_noise_turns_are_untrained_and_followed_by_expert_recoveries():
         n_trained = text_trained.count("<action>")
         assert 0 < n_trained < len(t.actions)
         assert text_trained.count("</action>") == n_trained
+
+
+def test_sft_thought_names_the_open_directions_heading_and_goal():
+    from maze import TrainSampler
+    from maze.actions import parse_action
+    from maze.core import MOVES
+    from models.tiny import build_tiny
+    from rl.rollout import Conversation, EnvSettings
+    from rl.sft import expert_trajectory
+
+    _, processor = build_tiny(0)
+    conv = Conversation(processor)
+    env = EnvSettings(pixels_per_cell=4, max_turns=30)
+    solved = 0
+    for k, m in enumerate(TrainSampler(sizes=(9,), seed=3).take(4)):
+        t = expert_trajectory(m, conv, env, "wall_follower", noise=0.2, seed=k, with_thought=True)
+        positions = [m.start] + [i["position"] for i in t.infos]
+        facing = "down"
+        for turn, (text, pos) in enumerate(zip(t.actions, positions)):
+            thought = text[text.index("<think>") + 7:text.index("</think>")]
+            if pos == m.goal:
+                assert thought == "on the goal" and parse_action(text).moves == ("stop",)
+                continue
+            r, c = pos
+            open_dirs = [d for d, (dr, dc) in MOVES.items() if m.is_floor((r + dr, c + dc))]
+            assert thought == f"facing {facing}; open {' '.join(open_dirs)}"
+            if positions[turn + 1] != pos:
+                facing = parse_action(text).moves[0]  # the heading is the last move that moved the agent
+        solved += t.success
+        # the thought is trained on expert turns: the trained text holds as many thoughts as actions
+        trained_text = conv.tok.decode([i for i, mk in zip(t.token_ids, t.loss_mask) if mk])
+        assert trained_text.count("</think>") == trained_text.count("</action>") > 0
+    assert solved >= 2  # the goal turn ('on the goal', stop) is checked too
