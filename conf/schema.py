@@ -37,11 +37,14 @@ class EnvConfig:
     placement: str = "corners"  # corners (reference) | random
     pixels_per_cell: int = 16  # one 16 px patch per cell; 9x9 -> 144 px, padded (pad_to) to 160: 25 image tokens
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
+    pad_before: int = 24  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
+    # (odd row and column) in one 32 px merged token, which then holds the room and half of each of its 4 passages
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
     max_moves_per_turn: int = 1
-    max_images_in_context: int = 0  # keep only the newest K images (0 = all)
+    max_images_in_context: int = 0  # keep only the newest K images (0 = all); training sees one sequence per
+    # episode, so turns before the last K are then trained without the frame they were sampled from (off-policy)
     max_context_tokens: int = 8192  # an episode ends when its next turn would not fit
 
 
@@ -218,7 +221,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"{key}={get(key)} must be >= 1")
     for key in ["algo.lr", "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.entropy_coef",
                 "algo.tis_cap", "algo.temperature", "env.braid", "trainer.eval_every", "trainer.save_every",
-                "trainer.keep_last", "env.max_images_in_context"]:
+                "trainer.keep_last", "env.max_images_in_context", "env.pad_before"]:
         if get(key) < 0:
             raise ConfigError(f"{key}={get(key)} must be >= 0")
     if not 0 < cfg.algo.top_p <= 1:

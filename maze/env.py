@@ -43,13 +43,16 @@ class MazeEnv(gym.Env):
     def __init__(self, size: int = 9, generator: str = "wilson", braid: float = 0.0,
                  placement: str = "corners", pixels_per_cell: int = 25, grid_lines: bool = False,
                  max_turns: int = 40, require_stop: bool = True, max_moves_per_turn: int = 1,
-                 render_mode: str | None = "rgb_array", pad_to: int = 1):
+                 render_mode: str | None = "rgb_array", pad_to: int = 1, pad_before: int = 0):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_moves_per_turn < 1:
             raise ValueError(f"max_moves_per_turn must be >= 1, got {max_moves_per_turn}")
         self.size, self.generator, self.braid, self.placement = size, generator, braid, placement
         self.pixels_per_cell, self.grid_lines, self.pad_to = pixels_per_cell, grid_lines, max(int(pad_to), 1)
+        if pad_before < 0:
+            raise ValueError(f"pad_before must be >= 0, got {pad_before}")
+        self.pad_before = int(pad_before)
         self.max_turns, self.require_stop = max_turns, require_stop
         self.max_moves_per_turn, self.render_mode = max_moves_per_turn, render_mode
         self.action_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
@@ -58,7 +61,7 @@ class MazeEnv(gym.Env):
 
     def _set_observation_space(self, size: int) -> None:
         self._space_size = size
-        side = size * self.pixels_per_cell
+        side = size * self.pixels_per_cell + self.pad_before
         side += -side % self.pad_to
         self.observation_space = spaces.Dict({
             "image": spaces.Box(0, 255, (side, side, 3), np.uint8),
@@ -82,7 +85,8 @@ class MazeEnv(gym.Env):
         if maze.size != self._space_size:
             self._set_observation_space(maze.size)
         self.maze = maze
-        self._renderer = MazeRenderer(maze, self.pixels_per_cell, self.grid_lines, pad_to=self.pad_to)
+        self._renderer = MazeRenderer(maze, self.pixels_per_cell, self.grid_lines, pad_to=self.pad_to,
+                                      pad_before=self.pad_before)
         self._to_goal = distances_from(maze.grid, maze.goal)  # (N, N) int32
         self.position = maze.start
         self.path = [maze.start]

@@ -40,7 +40,7 @@ class MazeRenderer:
     """Renders one maze at ``pixels_per_cell``; reuse it across the steps of an episode."""
 
     def __init__(self, maze: Maze, pixels_per_cell: int = 25, grid_lines: bool = False,
-                 palette: Palette = DEFAULT_PALETTE, pad_to: int = 1):
+                 palette: Palette = DEFAULT_PALETTE, pad_to: int = 1, pad_before: int = 0):
         if pixels_per_cell < 2:
             raise ValueError(f"pixels_per_cell must be >= 2, got {pixels_per_cell}")
         self.maze, self.ppc, self.palette = maze, int(pixels_per_cell), palette
@@ -53,12 +53,17 @@ class MazeRenderer:
         if grid_lines:
             self.background[:: self.ppc, :] = palette.grid
             self.background[:, :: self.ppc] = palette.grid
-        if pad_to > 1:  # extra wall on the bottom/right so the side is a multiple of pad_to (patch alignment)
-            side = self.background.shape[0]
-            extra = -side % pad_to
-            self.background = np.pad(self.background, ((0, extra), (0, extra), (0, 0)), mode="constant")
-            self.background[side:, :] = palette.wall
-            self.background[:, side:] = palette.wall
+        # ``pad_before`` px of wall on the top/left shift the grid against the vision patches; then wall on the
+        # bottom/right makes the side a multiple of ``pad_to`` (patch alignment)
+        self.offset = int(pad_before)
+        side = self.background.shape[0] + self.offset
+        extra = -side % pad_to if pad_to > 1 else 0
+        if self.offset or extra:
+            wall = np.array(palette.wall, dtype=np.uint8)
+            framed = np.empty((side + extra, side + extra, 3), dtype=np.uint8)
+            framed[:] = wall
+            framed[self.offset:side, self.offset:side] = self.background
+            self.background = framed
         self._disc = _disc_mask(self.ppc)
         self._agent = np.array(palette.agent, dtype=np.uint8)
 
@@ -70,7 +75,7 @@ class MazeRenderer:
         """(H, W, 3) uint8 image with the agent disc at ``agent`` (row, col); None draws no agent."""
         img = self.background.copy()
         if agent is not None:
-            r0, c0 = agent[0] * self.ppc, agent[1] * self.ppc
+            r0, c0 = agent[0] * self.ppc + self.offset, agent[1] * self.ppc + self.offset
             img[r0:r0 + self.ppc, c0:c0 + self.ppc][self._disc] = self._agent
         return img
 

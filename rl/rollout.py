@@ -44,13 +44,14 @@ class EnvSettings:
     max_context_tokens: int = 8192
     ref_size: int = 9  # max_turns is the budget at this maze size; larger mazes get it scaled by area
     pad_to: int = 1  # pad images (with wall) to a multiple of this many pixels
+    pad_before: int = 0  # pixels of wall before the maze on the top and left
 
     @classmethod
     def from_config(cls, env_cfg) -> EnvSettings:
         """From ``conf/env``: the training size is the reference size for turn budgets."""
         return cls(env_cfg.pixels_per_cell, env_cfg.grid_lines, env_cfg.max_turns, env_cfg.require_stop,
                    env_cfg.max_moves_per_turn, env_cfg.max_images_in_context, env_cfg.max_context_tokens,
-                   env_cfg.size, env_cfg.pad_to)
+                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before)
 
     def turns_for(self, size: int) -> int:
         """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
@@ -123,7 +124,8 @@ def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int =
     """Reset a MazeEnv on ``maze`` and open its trajectory with the turn-0 prompt (mask 0)."""
     e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
                 max_turns=max_turns or env.turns_for(maze.size), require_stop=env.require_stop,
-                max_moves_per_turn=env.max_moves_per_turn, pad_to=env.pad_to)
+                max_moves_per_turn=env.max_moves_per_turn, pad_to=env.pad_to,
+                pad_before=env.pad_before)
     obs, _ = e.reset(options={"maze": maze})
     t = Trajectory(maze=maze, group=group)
     image = conv.image(obs["image"])

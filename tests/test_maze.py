@@ -315,3 +315,33 @@ def test_pad_to_aligns_cells_with_patches_and_pads_with_wall():
     obs, _ = env.reset(seed=1)
     assert obs["image"].shape == env.observation_space["image"].shape == (160, 160, 3)
     assert env.observation_space.contains(obs)
+
+
+def test_pad_before_centres_every_room_cell_in_one_merged_token():
+    """At 16 px/cell with 32 px merged tokens, 24 px of wall before the maze puts each room cell (odd row and
+    column) in the middle of one token, which then shows the room and the inner half of its four neighbours."""
+    from maze.render import DEFAULT_PALETTE, MazeRenderer
+
+    m = maze.generate_maze(9, seed=4)
+    plain = MazeRenderer(m, 16).frame(m.start)
+    framed = MazeRenderer(m, 16, pad_to=32, pad_before=24).frame(m.start)
+    assert framed.shape == (192, 192, 3)
+    assert (framed[24:168, 24:168] == plain).all()
+    assert (framed[:24] == DEFAULT_PALETTE.wall).all() and (framed[:, :24] == DEFAULT_PALETTE.wall).all()
+    for r in range(1, 9, 2):
+        for c in range(1, 9, 2):
+            tr, tc = (24 + 16 * r) // 32, (24 + 16 * c) // 32
+            token = framed[32 * tr:32 * tr + 32, 32 * tc:32 * tc + 32]
+            assert (token[8:24, 8:24] == plain[16 * r:16 * r + 16, 16 * c:16 * c + 16]).all()  # the room
+            halves = {(-1, 0): (slice(0, 8), slice(8, 24)), (1, 0): (slice(24, 32), slice(8, 24)),
+                      (0, -1): (slice(8, 24), slice(0, 8)), (0, 1): (slice(8, 24), slice(24, 32))}
+            for (dr, dc), (rows, cols) in halves.items():
+                expected = DEFAULT_PALETTE.wall if not m.is_floor((r + dr, c + dc)) else None
+                if expected is not None:
+                    assert (token[rows, cols] == expected).all()
+                else:
+                    assert not (token[rows, cols] == DEFAULT_PALETTE.wall).all(axis=-1).any()
+    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32, pad_before=24)
+    obs, _ = env.reset(seed=1)
+    assert obs["image"].shape == env.observation_space["image"].shape == (192, 192, 3)
+    assert env.observation_space.contains(obs)
