@@ -37,7 +37,7 @@ class EnvConfig:
     placement: str = "corners"  # corners (reference) | random
     pixels_per_cell: int = 16  # one 16 px patch per cell; 9x9 -> 144 px, padded (pad_to) to 160: 25 image tokens
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
-    pad_before: int = 24  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
+    pad_before: int = 0  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
     # (odd row and column) in one 32 px merged token, which then holds the room and half of each of its 4 passages
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
@@ -83,6 +83,7 @@ class AlgoConfig:
     sft_batch: int = 8  # algo=sft: conversations per optimizer step
     sft_noise: float = 0.0  # algo=sft: chance of a random (untrained) move per turn, so the data holds recoveries
     sft_max_turns: int = 0  # algo=sft: cut expert conversations after this many turns (0 = env.max_turns x 2)
+    sft_random_start: float = 0.0  # algo=sft: fraction of expert conversations that start on a random floor cell
     sft_thought: bool = True  # algo=sft: each expert turn first says what it sees (<think>facing ..; open ..</think>)
     sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
 
@@ -228,6 +229,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
     if cfg.env.braid > 1:
         raise ConfigError(f"env.braid={cfg.env.braid} must be <= 1")
+    if not 0 <= cfg.algo.sft_random_start <= 1:
+        raise ConfigError(f"algo.sft_random_start={cfg.algo.sft_random_start} must be in [0, 1]")
     if not 0 <= cfg.algo.sft_noise < 1:
         raise ConfigError(f"algo.sft_noise={cfg.algo.sft_noise} must be in [0, 1)")
     if cfg.algo.sft_max_turns < 0:

@@ -26,6 +26,7 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH = 16, 2, 2
+PATCH_BIAS_STD = 0.5  # init of the patch embedding's bias (see build_tiny)
 
 # Qwen-style chat template: system/user/assistant turns, images as one placeholder each
 # (the processor expands it to the image's token count).
@@ -129,6 +130,12 @@ def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 *
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config)
+        # The default init leaves the patch embedding without bias, and the maze's flat colours make that blind:
+        # after normalisation a gray wall patch is 0.325 x a white floor patch, a linear map keeps them
+        # parallel, and every LayerNorm after it (pre-norm blocks, merger) maps parallel vectors to the same
+        # one, so walls and floor enter the LLM as the same token. A random bias breaks the symmetry
+        # (cos(LN(white), LN(gray)) 1.0 -> ~0.85, near the best a bias can do; tests/test_models_rollout.py).
+        torch.nn.init.normal_(model.model.visual.patch_embed.proj.bias, std=PATCH_BIAS_STD)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     return model.float().eval(), processor

@@ -39,6 +39,23 @@ def thought(maze: Maze, position: tuple[int, int], facing: str) -> str:
     return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
 
 
+def random_start(maze: Maze, rng, forbidden: frozenset[str] = frozenset()) -> Maze:
+    """``maze`` with its start moved to a uniformly random floor cell other than the goal.
+
+    Conversations that start anywhere cannot be solved from the text alone (the corner start lets a
+    policy dead-reckon its position from its own moves): the walls and the agent must be read from the
+    image. A variant whose content hash is in ``forbidden`` (the eval sets) is never returned.
+    """
+    import dataclasses
+
+    cells = [tuple(int(x) for x in rc) for rc in np.argwhere(maze.grid == 0) if tuple(rc) != maze.goal]
+    for k in rng.permutation(len(cells)):
+        moved = dataclasses.replace(maze, start=cells[int(k)])
+        if moved.content_hash not in forbidden:
+            return dataclasses.replace(moved, placement="random_start")
+    return maze
+
+
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
                       noise: float = 0.0, seed: int = 0, max_turns: int = 0,
                       with_thought: bool = False) -> Trajectory:

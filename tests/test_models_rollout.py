@@ -217,3 +217,28 @@ def test_sft_thought_names_the_open_directions_heading_and_goal():
         trained_text = conv.tok.decode([i for i, mk in zip(t.token_ids, t.loss_mask) if mk])
         assert trained_text.count("</think>") == trained_text.count("</action>") > 0
     assert solved >= 2  # the goal turn ('on the goal', stop) is checked too
+
+
+def test_tiny_vision_tower_tells_wall_from_floor_at_init():
+    """A bias-free patch embedding maps a gray wall patch (0.325 x white after normalisation) parallel to a
+    white floor patch, and LayerNorm then makes them identical: the tiny model's init must break that."""
+    import numpy as np
+
+    from rl.rollout import Conversation
+
+    model, processor = build_tiny(0)
+    conv = Conversation(processor)
+    floor = conv.image(np.full((32, 32, 3), 255, np.uint8)).pixel_values[:1]
+    wall = conv.image(np.full((32, 32, 3), 169, np.uint8)).pixel_values[:1]
+    proj = model.model.visual.patch_embed
+    norm = torch.nn.functional.layer_norm
+    with torch.no_grad():
+        f, w = proj(floor), proj(wall)
+        cos = torch.nn.functional.cosine_similarity(norm(f, f.shape[-1:]), norm(w, w.shape[-1:])).item()
+        assert cos < 0.95
+        bias = proj.proj.bias.clone()
+        proj.proj.bias.zero_()  # the library default: blind
+        f, w = proj(floor), proj(wall)
+        blind = torch.nn.functional.cosine_similarity(norm(f, f.shape[-1:]), norm(w, w.shape[-1:])).item()
+        proj.proj.bias.copy_(bias)
+    assert blind == pytest.approx(1.0, abs=1e-5)
