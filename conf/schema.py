@@ -37,6 +37,8 @@ class EnvConfig:
     placement: str = "corners"  # corners (reference) | random
     pixels_per_cell: int = 16  # one 16 px patch per cell; 9x9 -> 144 px, padded (pad_to) to 160: 25 image tokens
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
+    wall_gray: int = 169  # gray level of walls; 169 is the reference palette. After the processor's normalisation
+    # 169 is 0.325 x white, which LayerNorm cannot tell from white without a bias; below 128 it is a negative multiple
     pad_before: int = 0  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
     # (odd row and column) in one 32 px merged token, which then holds the room and half of each of its 4 passages
     grid_lines: bool = False
@@ -229,6 +231,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
     if cfg.env.braid > 1:
         raise ConfigError(f"env.braid={cfg.env.braid} must be <= 1")
+    if not 0 <= cfg.env.wall_gray <= 255:
+        raise ConfigError(f"env.wall_gray={cfg.env.wall_gray} must be in [0, 255]")
     if not 0 <= cfg.algo.sft_random_start <= 1:
         raise ConfigError(f"algo.sft_random_start={cfg.algo.sft_random_start} must be in [0, 1]")
     if not 0 <= cfg.algo.sft_noise < 1:

@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from maze.actions import parse_action
 from maze.core import MOVES, Maze, generate_maze
-from maze.render import MazeRenderer
+from maze.render import MazeRenderer, Palette
 from maze.solver import distances_from
 
 SYSTEM_PROMPT = (
@@ -43,7 +43,8 @@ class MazeEnv(gym.Env):
     def __init__(self, size: int = 9, generator: str = "wilson", braid: float = 0.0,
                  placement: str = "corners", pixels_per_cell: int = 25, grid_lines: bool = False,
                  max_turns: int = 40, require_stop: bool = True, max_moves_per_turn: int = 1,
-                 render_mode: str | None = "rgb_array", pad_to: int = 1, pad_before: int = 0):
+                 render_mode: str | None = "rgb_array", pad_to: int = 1, pad_before: int = 0,
+                 wall_gray: int = 169):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_moves_per_turn < 1:
@@ -53,6 +54,9 @@ class MazeEnv(gym.Env):
         if pad_before < 0:
             raise ValueError(f"pad_before must be >= 0, got {pad_before}")
         self.pad_before = int(pad_before)
+        if not 0 <= wall_gray <= 255:
+            raise ValueError(f"wall_gray must be in [0, 255], got {wall_gray}")
+        self.palette = Palette(wall=(int(wall_gray),) * 3)
         self.max_turns, self.require_stop = max_turns, require_stop
         self.max_moves_per_turn, self.render_mode = max_moves_per_turn, render_mode
         self.action_space = spaces.Text(max_length=MAX_TEXT, charset=string.printable)
@@ -85,8 +89,8 @@ class MazeEnv(gym.Env):
         if maze.size != self._space_size:
             self._set_observation_space(maze.size)
         self.maze = maze
-        self._renderer = MazeRenderer(maze, self.pixels_per_cell, self.grid_lines, pad_to=self.pad_to,
-                                      pad_before=self.pad_before)
+        self._renderer = MazeRenderer(maze, self.pixels_per_cell, self.grid_lines, self.palette,
+                                      pad_to=self.pad_to, pad_before=self.pad_before)
         self._to_goal = distances_from(maze.grid, maze.goal)  # (N, N) int32
         self.position = maze.start
         self.path = [maze.start]

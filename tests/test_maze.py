@@ -345,3 +345,14 @@ def test_pad_before_centres_every_room_cell_in_one_merged_token():
     obs, _ = env.reset(seed=1)
     assert obs["image"].shape == env.observation_space["image"].shape == (192, 192, 3)
     assert env.observation_space.contains(obs)
+
+
+def test_wall_gray_sets_the_wall_colour_and_is_validated():
+    m = maze.generate_maze(9, seed=4)
+    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32, wall_gray=64)
+    obs, _ = env.reset(options={"maze": m})
+    img = obs["image"]
+    assert (img[0, 0] == 64).all() and (img[-1, -1] == 64).all()  # outer wall and the padding
+    assert (img[16 * 1 + 8, 16 * 1 + 8] == (0, 0, 255)).all()  # the agent on its start cell (1, 1)
+    with pytest.raises(ValueError, match="wall_gray"):
+        maze.MazeEnv(wall_gray=300)
