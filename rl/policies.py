@@ -18,6 +18,7 @@ from rl.rollout import EnvSettings
 from rl.types import Trajectory, finish_reason
 
 POLICIES = ("oracle", "random", "wall_follower")
+START_HEADING = "down"  # the wall follower's heading before its first move
 _RIGHT_OF = {"up": "right", "right": "down", "down": "left", "left": "up"}
 _LEFT_OF = {v: k for k, v in _RIGHT_OF.items()}
 _BACK = {"up": "down", "down": "up", "left": "right", "right": "left"}
@@ -38,7 +39,7 @@ def _random(env: MazeEnv, state: dict, rng) -> str:
 def _wall_follower(env: MazeEnv, state: dict, rng) -> str:
     if env.position == env.maze.goal:
         return "stop"
-    heading = state.setdefault("heading", "down")  # the direction of the last move that moved the agent
+    heading = state.setdefault("heading", START_HEADING)  # the direction of the last move that moved the agent
     r, c = env.position
     for move in (_RIGHT_OF[heading], heading, _LEFT_OF[heading], _BACK[heading]):
         dr, dc = MOVES[move]

@@ -68,7 +68,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
     ``with_thought`` prefixes each turn with ``thought(...)`` (trained on, except on noisy turns).
     """
-    from rl.policies import ACT
+    from rl.policies import ACT, START_HEADING
 
     if expert not in _EXPERT_POLICY:
         raise ValueError(f"unknown SFT expert {expert!r}; choose from {', '.join(EXPERTS)}")
@@ -79,7 +79,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     state: dict = {}
     for _ in range(budget):
         at_goal = e.position == maze.goal
-        think = thought(maze, e.position, state.get("heading", "down")) if with_thought else ""
+        think = thought(maze, e.position, state.get("heading", START_HEADING)) if with_thought else ""
         off = noise > 0 and not at_goal and rng.random() < noise
         move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
         if not env.require_stop and move == "stop":
