@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--thought", action="store_true", help="the policy was trained with algo.sft_thought")
     ap.add_argument("--pad-before", type=int, default=0)
     ap.add_argument("--wall-gray", type=int, default=169)
+    ap.add_argument("--view", default="global", choices=["global", "egocentric"])
+    ap.add_argument("--ppc", type=int, default=16, help="env.pixels_per_cell")
     ap.add_argument("--mazes", type=int, default=12)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -58,8 +60,8 @@ def main() -> None:
     model.eval()
     tok = processor.tokenizer
     conv = Conversation(processor)
-    env = EnvSettings(pixels_per_cell=16, pad_to=32, max_turns=30, pad_before=args.pad_before,
-                      wall_gray=args.wall_gray)
+    env = EnvSettings(pixels_per_cell=args.ppc, pad_to=32, max_turns=30, pad_before=args.pad_before,
+                      wall_gray=args.wall_gray, view=args.view)
     mazes = TrainSampler(sizes=(9,), seed=777).take(args.mazes + 1)
     trajs = [expert_trajectory(m, conv, env, "wall_follower", noise=0.1, seed=k, max_turns=30,
                                with_thought=args.thought) for k, m in enumerate(mazes)]

@@ -41,6 +41,8 @@ class EnvConfig:
     # 169 is 0.325 x white, which LayerNorm cannot tell from white without a bias; below 128 it is a negative multiple
     pad_before: int = 0  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
     # (odd row and column) in one 32 px merged token, which then holds the room and half of each of its 4 passages
+    view: str = "global"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
+    # the agent, so the whole maze stays in view and the agent's neighbours sit in fixed image tokens
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
@@ -193,6 +195,7 @@ CHOICES = {
     "cluster.device": ("cpu", "cuda"),
     "cluster.backend": ("gloo", "nccl"),
     "cluster.parallel": ("ddp", "fsdp2"),
+    "env.view": ("global", "egocentric"),
 }
 
 

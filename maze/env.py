@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from maze.actions import parse_action
 from maze.core import MOVES, Maze, generate_maze
-from maze.render import MazeRenderer, Palette
+from maze.render import VIEWS, MazeRenderer, Palette
 from maze.solver import distances_from
 
 SYSTEM_PROMPT = (
@@ -44,7 +44,7 @@ class MazeEnv(gym.Env):
                  placement: str = "corners", pixels_per_cell: int = 25, grid_lines: bool = False,
                  max_turns: int = 40, require_stop: bool = True, max_moves_per_turn: int = 1,
                  render_mode: str | None = "rgb_array", pad_to: int = 1, pad_before: int = 0,
-                 wall_gray: int = 169):
+                 wall_gray: int = 169, view: str = "global"):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_moves_per_turn < 1:
@@ -54,6 +54,9 @@ class MazeEnv(gym.Env):
         if pad_before < 0:
             raise ValueError(f"pad_before must be >= 0, got {pad_before}")
         self.pad_before = int(pad_before)
+        if view not in VIEWS:
+            raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
+        self.view = view
         if not 0 <= wall_gray <= 255:
             raise ValueError(f"wall_gray must be in [0, 255], got {wall_gray}")
         self.palette = Palette(wall=(int(wall_gray),) * 3)
@@ -65,7 +68,7 @@ class MazeEnv(gym.Env):
 
     def _set_observation_space(self, size: int) -> None:
         self._space_size = size
-        side = size * self.pixels_per_cell + self.pad_before
+        side = (2 * size - 1 if self.view == "egocentric" else size) * self.pixels_per_cell + self.pad_before
         side += -side % self.pad_to
         self.observation_space = spaces.Dict({
             "image": spaces.Box(0, 255, (side, side, 3), np.uint8),
@@ -90,7 +93,7 @@ class MazeEnv(gym.Env):
             self._set_observation_space(maze.size)
         self.maze = maze
         self._renderer = MazeRenderer(maze, self.pixels_per_cell, self.grid_lines, self.palette,
-                                      pad_to=self.pad_to, pad_before=self.pad_before)
+                                      pad_to=self.pad_to, pad_before=self.pad_before, view=self.view)
         self._to_goal = distances_from(maze.grid, maze.goal)  # (N, N) int32
         self.position = maze.start
         self.path = [maze.start]

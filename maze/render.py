@@ -27,6 +27,7 @@ class Palette:
 
 
 DEFAULT_PALETTE = Palette()
+VIEWS = ("global", "egocentric")  # global: the maze as is; egocentric: centred on the agent
 
 
 def _disc_mask(ppc: int, radius_frac: float = 0.38) -> np.ndarray:
@@ -40,32 +41,53 @@ class MazeRenderer:
     """Renders one maze at ``pixels_per_cell``; reuse it across the steps of an episode."""
 
     def __init__(self, maze: Maze, pixels_per_cell: int = 25, grid_lines: bool = False,
-                 palette: Palette = DEFAULT_PALETTE, pad_to: int = 1, pad_before: int = 0):
+                 palette: Palette = DEFAULT_PALETTE, pad_to: int = 1, pad_before: int = 0, view: str = "global"):
         if pixels_per_cell < 2:
             raise ValueError(f"pixels_per_cell must be >= 2, got {pixels_per_cell}")
-        self.maze, self.ppc, self.palette = maze, int(pixels_per_cell), palette
+        if view not in VIEWS:
+            raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
+        self.maze, self.ppc, self.palette, self.view = maze, int(pixels_per_cell), palette, view
         colours = np.array([palette.floor, palette.wall], dtype=np.uint8)
         cells = colours[maze.grid]  # (N, N, 3)
         cells[maze.goal] = palette.goal
         # (N, N, 3) -> (N*ppc, N*ppc, 3) by block repetition
-        self.background = np.ascontiguousarray(
-            np.repeat(np.repeat(cells, self.ppc, axis=0), self.ppc, axis=1))
+        board = np.ascontiguousarray(np.repeat(np.repeat(cells, self.ppc, axis=0), self.ppc, axis=1))
         if grid_lines:
-            self.background[:: self.ppc, :] = palette.grid
-            self.background[:, :: self.ppc] = palette.grid
+            board[:: self.ppc, :] = palette.grid
+            board[:, :: self.ppc] = palette.grid
+        wall = np.array(palette.wall, dtype=np.uint8)
+        n, ppc = maze.size, self.ppc
+        if view == "egocentric":
+            # the board on a wall canvas of 3N-2 cells; a frame is the (2N-1)-cell window centred on the agent,
+            # so the whole maze is always in view and the agent always sits in the middle cell
+            self._board = np.empty(((3 * n - 2) * ppc,) * 2 + (3,), dtype=np.uint8)
+            self._board[:] = wall
+            self._board[(n - 1) * ppc:(2 * n - 1) * ppc, (n - 1) * ppc:(2 * n - 1) * ppc] = board
+            window = (2 * n - 1) * ppc
+        else:
+            self._board, window = board, n * ppc
+        self._window = window
         # ``pad_before`` px of wall on the top/left shift the grid against the vision patches; then wall on the
         # bottom/right makes the side a multiple of ``pad_to`` (patch alignment)
         self.offset = int(pad_before)
-        side = self.background.shape[0] + self.offset
-        extra = -side % pad_to if pad_to > 1 else 0
-        if self.offset or extra:
-            wall = np.array(palette.wall, dtype=np.uint8)
-            framed = np.empty((side + extra, side + extra, 3), dtype=np.uint8)
-            framed[:] = wall
-            framed[self.offset:side, self.offset:side] = self.background
-            self.background = framed
+        side = window + self.offset
+        side += -side % pad_to if pad_to > 1 else 0
+        self.background = np.empty((side, side, 3), dtype=np.uint8)
+        self.background[:] = wall
+        self._place(self.background, maze.start)
         self._disc = _disc_mask(self.ppc)
         self._agent = np.array(palette.agent, dtype=np.uint8)
+
+    def _place(self, img: np.ndarray, agent: tuple[int, int] | None) -> tuple[int, int]:
+        """Copy the board (the agent's window of it, egocentric) into ``img``; return the agent's pixel origin."""
+        o, w = self.offset, self._window
+        if self.view == "egocentric":
+            r, c = agent if agent is not None else self.maze.start
+            img[o:o + w, o:o + w] = self._board[r * self.ppc:r * self.ppc + w, c * self.ppc:c * self.ppc + w]
+            centre = (self.maze.size - 1) * self.ppc + o
+            return centre, centre
+        img[o:o + w, o:o + w] = self._board
+        return (0, 0)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -74,8 +96,11 @@ class MazeRenderer:
     def frame(self, agent: tuple[int, int] | None) -> np.ndarray:
         """(H, W, 3) uint8 image with the agent disc at ``agent`` (row, col); None draws no agent."""
         img = self.background.copy()
-        if agent is not None:
+        if self.view == "egocentric":
+            r0, c0 = self._place(img, agent)  # the window moves with the agent
+        elif agent is not None:
             r0, c0 = agent[0] * self.ppc + self.offset, agent[1] * self.ppc + self.offset
+        if agent is not None:
             img[r0:r0 + self.ppc, c0:c0 + self.ppc][self._disc] = self._agent
         return img
 

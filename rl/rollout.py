@@ -46,13 +46,14 @@ class EnvSettings:
     pad_to: int = 1  # pad images (with wall) to a multiple of this many pixels
     pad_before: int = 0  # pixels of wall before the maze on the top and left
     wall_gray: int = 169  # gray level of wall cells (the reference palette: 169)
+    view: str = "global"  # global | egocentric (the window moves with the agent, which stays in its centre)
 
     @classmethod
     def from_config(cls, env_cfg) -> EnvSettings:
         """From ``conf/env``: the training size is the reference size for turn budgets."""
         return cls(env_cfg.pixels_per_cell, env_cfg.grid_lines, env_cfg.max_turns, env_cfg.require_stop,
                    env_cfg.max_moves_per_turn, env_cfg.max_images_in_context, env_cfg.max_context_tokens,
-                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before, env_cfg.wall_gray)
+                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before, env_cfg.wall_gray, env_cfg.view)
 
     def turns_for(self, size: int) -> int:
         """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
@@ -126,7 +127,7 @@ def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int =
     e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
                 max_turns=max_turns or env.turns_for(maze.size), require_stop=env.require_stop,
                 max_moves_per_turn=env.max_moves_per_turn, pad_to=env.pad_to,
-                pad_before=env.pad_before, wall_gray=env.wall_gray)
+                pad_before=env.pad_before, wall_gray=env.wall_gray, view=env.view)
     obs, _ = e.reset(options={"maze": maze})
     t = Trajectory(maze=maze, group=group)
     image = conv.image(obs["image"])

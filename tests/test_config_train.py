@@ -57,6 +57,7 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["algo.loss_agg=mean"], "algo.loss_agg"),
     (["env.generators=[wilson,dfs]"], "env.generators"),
     (["algo.top_p=0"], "algo.top_p"),
+    (["env.view=topdown"], "env.view"),
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):

@@ -356,3 +356,38 @@ def test_wall_gray_sets_the_wall_colour_and_is_validated():
     assert (img[16 * 1 + 8, 16 * 1 + 8] == (0, 0, 255)).all()  # the agent on its start cell (1, 1)
     with pytest.raises(ValueError, match="wall_gray"):
         maze.MazeEnv(wall_gray=300)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_egocentric_view_keeps_the_agent_centred_and_the_whole_maze_in_view(seed):
+    """Each egocentric frame is the global board shifted so the agent sits in the centre cell; every cell of the
+    maze stays in the window, and what lies outside the maze is wall."""
+    m = maze.generate_maze(9, seed=seed)
+    ppc, n, pad = 8, 9, 8
+    glob = MazeRenderer(m, ppc)
+    ego = MazeRenderer(m, ppc, pad_to=32, pad_before=pad, view="egocentric")
+    assert ego.shape == (160, 160, 3)  # (2N-1) * 8 + 8 = 144 -> 160
+    centre = pad + (n - 1) * ppc
+    rng = np.random.default_rng(seed)
+    cells = floor_cells(m)
+    for k in rng.choice(len(cells), 6, replace=False):
+        r, c = cells[k]
+        img, board = ego.frame((r, c)), glob.frame((r, c))
+        # the maze, moved so that cell (r, c) lands on the centre cell
+        top, left = centre - r * ppc, centre - c * ppc
+        assert (img[top:top + n * ppc, left:left + n * ppc] == board).all()
+        outside = np.ones(img.shape[:2], bool)
+        outside[top:top + n * ppc, left:left + n * ppc] = False
+        assert (img[outside] == DEFAULT_PALETTE.wall).all()
+        # the agent disc is in the centre cell; its four neighbours are where the grid says
+        assert (img[centre + ppc // 2, centre + ppc // 2] == DEFAULT_PALETTE.agent).all()
+        for dr, dc in MOVES.values():
+            px = img[centre + dr * ppc + ppc // 2, centre + dc * ppc + ppc // 2]
+            wall = m.grid[r + dr, c + dc] == 1
+            assert (px == DEFAULT_PALETTE.wall).all() == wall
+    env = maze.MazeEnv(size=9, pixels_per_cell=8, pad_to=32, pad_before=8, view="egocentric")
+    obs, _ = env.reset(options={"maze": m})
+    assert obs["image"].shape == env.observation_space["image"].shape == (160, 160, 3)
+    assert (obs["image"] == ego.frame(m.start)).all()
+    with pytest.raises(ValueError, match="view"):
+        maze.MazeEnv(view="top_down")
