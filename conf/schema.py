@@ -35,13 +35,16 @@ class EnvConfig:
     generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners"  # corners (reference) | random
-    pixels_per_cell: int = 16  # one 16 px patch per cell; 9x9 -> 144 px, padded (pad_to) to 160: 25 image tokens
+    # The defaults are the tiny CPU recipe; +experiment=reference_8b sets the reference's (global view, 32 px per
+    # cell, gray 169 walls, no padding before). See README "Why the tiny model sees an egocentric, dark-walled maze".
+    pixels_per_cell: int = 8  # 8 px: a (2N-1)-cell egocentric window of a 9x9 maze is 136 px + 8 -> 160: 25 tokens
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
-    wall_gray: int = 169  # gray level of walls; 169 is the reference palette. After the processor's normalisation
-    # 169 is 0.325 x white, which LayerNorm cannot tell from white without a bias; below 128 it is a negative multiple
-    pad_before: int = 0  # px of wall before the maze (top, left); 24 = 1.5 cells of 16 px centres every room cell
-    # (odd row and column) in one 32 px merged token, which then holds the room and half of each of its 4 passages
-    view: str = "global"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
+    wall_gray: int = 64  # gray level of walls; the reference palette is 169, which after the processor's
+    # normalisation is 0.325 x white: LayerNorm cannot tell it from white without a bias. 64 is a negative multiple
+    pad_before: int = 8  # global view: px of wall before the maze (top, left). Egocentric view: where the agent's
+    # cell starts in its pad_to block, for every maze size (8 at 8 px/cell: the agent and its 4 neighbours share
+    # one merged token)
+    view: str = "egocentric"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
     # the agent, so the whole maze stays in view and the agent's neighbours sit in fixed image tokens
     grid_lines: bool = False
     max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)

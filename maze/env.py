@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from maze.actions import parse_action
 from maze.core import MOVES, Maze, generate_maze
-from maze.render import VIEWS, MazeRenderer, Palette
+from maze.render import VIEWS, MazeRenderer, Palette, egocentric_offset
 from maze.solver import distances_from
 
 SYSTEM_PROMPT = (
@@ -68,7 +68,11 @@ class MazeEnv(gym.Env):
 
     def _set_observation_space(self, size: int) -> None:
         self._space_size = size
-        side = (2 * size - 1 if self.view == "egocentric" else size) * self.pixels_per_cell + self.pad_before
+        if self.view == "egocentric":
+            side = (2 * size - 1) * self.pixels_per_cell + egocentric_offset(size, self.pixels_per_cell, self.pad_to,
+                                                                             self.pad_before)
+        else:
+            side = size * self.pixels_per_cell + self.pad_before
         side += -side % self.pad_to
         self.observation_space = spaces.Dict({
             "image": spaces.Box(0, 255, (side, side, 3), np.uint8),

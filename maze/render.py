@@ -30,6 +30,14 @@ DEFAULT_PALETTE = Palette()
 VIEWS = ("global", "egocentric")  # global: the maze as is; egocentric: centred on the agent
 
 
+def egocentric_offset(size: int, ppc: int, pad_to: int, pad_before: int) -> int:
+    """Wall px before an egocentric window: the agent's cell then starts ``pad_before`` px into its ``pad_to``
+    block for every maze size (the centre cell starts at (size-1)*ppc in the window)."""
+    if pad_to <= 1:
+        return int(pad_before)
+    return (int(pad_before) - (size - 1) * ppc) % pad_to
+
+
 def _disc_mask(ppc: int, radius_frac: float = 0.38) -> np.ndarray:
     """(ppc, ppc) bool mask of a disc centred in the cell."""
     centre = (ppc - 1) / 2.0
@@ -69,7 +77,7 @@ class MazeRenderer:
         self._window = window
         # ``pad_before`` px of wall on the top/left shift the grid against the vision patches; then wall on the
         # bottom/right makes the side a multiple of ``pad_to`` (patch alignment)
-        self.offset = int(pad_before)
+        self.offset = egocentric_offset(n, self.ppc, pad_to, pad_before) if view == "egocentric" else int(pad_before)
         side = window + self.offset
         side += -side % pad_to if pad_to > 1 else 0
         self.background = np.empty((side, side, 3), dtype=np.uint8)

@@ -391,3 +391,16 @@ def test_egocentric_view_keeps_the_agent_centred_and_the_whole_maze_in_view(seed
     assert (obs["image"] == ego.frame(m.start)).all()
     with pytest.raises(ValueError, match="view"):
         maze.MazeEnv(view="top_down")
+
+
+@pytest.mark.parametrize("size", [5, 7, 11, 15])
+def test_egocentric_agent_sits_at_the_same_place_in_its_token_for_every_size(size):
+    m = maze.generate_maze(size, seed=1)
+    img = MazeRenderer(m, 8, pad_to=32, pad_before=8, view="egocentric").frame(m.start)
+    assert img.shape[0] % 32 == 0 and img.shape[0] >= (2 * size - 1) * 8
+    blue = np.argwhere((img == DEFAULT_PALETTE.agent).all(-1))
+    top, left = blue.min(0)
+    assert (top - 1) % 32 // 8 == 1 and (left - 1) % 32 // 8 == 1  # the disc lies in the second 8 px cell
+    env = maze.MazeEnv(size=size, pixels_per_cell=8, pad_to=32, pad_before=8, view="egocentric")
+    obs, _ = env.reset(options={"maze": m})
+    assert obs["image"].shape == env.observation_space["image"].shape == img.shape
