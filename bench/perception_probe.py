@@ -1,13 +1,14 @@
 """Does a policy read the maze from the image? A probe for SFT starts (not a speed benchmark).
 
-    python bench/perception_probe.py checkpoints/tiny_sft                      # move tokens
-    python bench/perception_probe.py outputs/…/policy --thought --pad-before 24  # thought + move tokens
+    python bench/perception_probe.py checkpoints/tiny_sft --thought        # the CPU defaults: egocentric view
+    python bench/perception_probe.py OLD/policy --view global --ppc 16 --pad-before 0 --wall-gray 169  # reference
 
 On held-out expert conversations (wall follower, 10 % noisy turns) it reports the teacher-forced
 accuracy of the trained tokens at room cells (odd row and column: the walls around the agent must
 be read from pixels) and at passage cells (whose open directions follow from the heading alone),
 once with each turn's own frame and once with the conversation's frames shuffled (the same maze, the
-agent elsewhere). A policy that reads the image loses accuracy with the wrong frames; equal numbers
+agent elsewhere; in the egocentric view the whole maze moves). A policy that reads the image loses
+accuracy with the wrong frames; equal numbers
 mean it is blind and its accuracy comes from text priors. It also prints how much the vision
 tower's output varies across image tokens relative to its size (near 0: every token gets the same
 vector, whatever the maze).
@@ -49,10 +50,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
     ap.add_argument("--thought", action="store_true", help="the policy was trained with algo.sft_thought")
-    ap.add_argument("--pad-before", type=int, default=0)
-    ap.add_argument("--wall-gray", type=int, default=169)
-    ap.add_argument("--view", default="global", choices=["global", "egocentric"])
-    ap.add_argument("--ppc", type=int, default=16, help="env.pixels_per_cell")
+    ap.add_argument("--pad-before", type=int, default=8)
+    ap.add_argument("--wall-gray", type=int, default=64)
+    ap.add_argument("--view", default="egocentric", choices=["global", "egocentric"])
+    ap.add_argument("--ppc", type=int, default=8, help="env.pixels_per_cell")
     ap.add_argument("--mazes", type=int, default=12)
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -138,13 +138,13 @@ class ClusterConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 10  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
+    steps: int = 20  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
     seed: int = 0
-    eval_every: int = 5  # 0 = never; eval also runs at step 0 and at the end when > 0
+    eval_every: int = 10  # 0 = never; eval also runs at step 0 and at the end when > 0
     eval_suites: list[str] = field(default_factory=lambda: ["fixed64"])
     eval_at_start: bool = True  # also evaluate before the first step (the "start" of start -> end)
     eval_max_turns: int = 0  # 0 = env.max_turns
-    save_every: int = 5  # 0 = only at the end
+    save_every: int = 10  # 0 = only at the end
     resume: str = "auto"  # auto | never | a checkpoint path
     keep_last: int = 3
     deterministic: bool = True
