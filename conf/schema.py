@@ -36,7 +36,7 @@ class EnvConfig:
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners"  # corners (reference) | random
     # The defaults are the tiny CPU recipe; +experiment=reference_8b sets the reference's (global view, 32 px per
-    # cell, gray 169 walls, no padding before). See README "Why the tiny model sees an egocentric, dark-walled maze".
+    # cell, gray 169 walls, no padding before). Why: README, Status.
     pixels_per_cell: int = 8  # 8 px: a (2N-1)-cell egocentric window of a 9x9 maze is 136 px + 8 -> 160: 25 tokens
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
     wall_gray: int = 64  # gray level of walls; the reference palette is 169, which after the processor's

@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from maze.actions import parse_action
 from maze.core import MOVES, Maze, generate_maze
-from maze.render import VIEWS, MazeRenderer, Palette, egocentric_offset
+from maze.render import VIEWS, MazeRenderer, Palette, frame_side
 from maze.solver import distances_from
 
 SYSTEM_PROMPT = (
@@ -68,12 +68,7 @@ class MazeEnv(gym.Env):
 
     def _set_observation_space(self, size: int) -> None:
         self._space_size = size
-        if self.view == "egocentric":
-            side = (2 * size - 1) * self.pixels_per_cell + egocentric_offset(size, self.pixels_per_cell, self.pad_to,
-                                                                             self.pad_before)
-        else:
-            side = size * self.pixels_per_cell + self.pad_before
-        side += -side % self.pad_to
+        _, side = frame_side(size, self.pixels_per_cell, self.pad_to, self.pad_before, self.view)
         self.observation_space = spaces.Dict({
             "image": spaces.Box(0, 255, (side, side, 3), np.uint8),
             "text": spaces.Text(max_length=MAX_TEXT, charset=string.printable),

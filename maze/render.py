@@ -38,6 +38,14 @@ def egocentric_offset(size: int, ppc: int, pad_to: int, pad_before: int) -> int:
     return (int(pad_before) - (size - 1) * ppc) % pad_to
 
 
+def frame_side(size: int, ppc: int, pad_to: int, pad_before: int, view: str) -> tuple[int, int]:
+    """(offset, side) of a frame: px of wall before the maze window, and the padded image side."""
+    window = (2 * size - 1 if view == "egocentric" else size) * ppc
+    offset = egocentric_offset(size, ppc, pad_to, pad_before) if view == "egocentric" else int(pad_before)
+    side = window + offset
+    return offset, side + (-side % pad_to if pad_to > 1 else 0)
+
+
 def _disc_mask(ppc: int, radius_frac: float = 0.38) -> np.ndarray:
     """(ppc, ppc) bool mask of a disc centred in the cell."""
     centre = (ppc - 1) / 2.0
@@ -77,9 +85,7 @@ class MazeRenderer:
         self._window = window
         # ``pad_before`` px of wall on the top/left shift the grid against the vision patches; then wall on the
         # bottom/right makes the side a multiple of ``pad_to`` (patch alignment)
-        self.offset = egocentric_offset(n, self.ppc, pad_to, pad_before) if view == "egocentric" else int(pad_before)
-        side = window + self.offset
-        side += -side % pad_to if pad_to > 1 else 0
+        self.offset, side = frame_side(n, ppc, pad_to, pad_before, view)
         self.background = np.empty((side, side, 3), dtype=np.uint8)
         self.background[:] = wall
         self._place(self.background, maze.start)
