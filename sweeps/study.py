@@ -68,6 +68,59 @@ def failures_table(start: dict, ends: list[dict], suite: str) -> list[str]:
     return lines
 
 
+def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[str]:
+    """Every suite, one row: each failure class as a share of episodes, start -> end (mean over seeds),
+    and the path efficiency of solved episodes (steps taken / shortest path)."""
+    classes = sorted({k for r in [start, *ends] for s in suites for k in r["suites"][s]["failures"]})
+    lines = ["| suite | " + " | ".join(classes) + " | step ratio (solved) | revisits |",
+             "| --- |" + " --- |" * (len(classes) + 2)]
+
+    def share(r: dict, s: str, c: str) -> float:
+        return r["suites"][s]["failures"].get(c, 0) / r["suites"][s]["n"]
+
+    def mean_over(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    for s in suites:
+        cells = [f"{share(start, s, c):.2f} → {mean_over([share(r, s, c) for r in ends]):.2f}" for c in classes]
+        ratio = (fmt(start["suites"][s]["mean_step_ratio"]) + " → "
+                 + fmt(mean_over([r["suites"][s]["mean_step_ratio"] for r in ends])))
+        rev = (f"{start['suites'][s]['mean_revisits']:.1f} → "
+               f"{mean_over([r['suites'][s]['mean_revisits'] for r in ends]):.1f}")
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {ratio} | {rev} |")
+    return lines
+
+
+def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[str], notes: str = "") -> list[str]:
+    """results/README.md's tables from the start's and each seed's final evaluate.py report."""
+    lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
+             "Produced by `sweeps/study.py` (commands in `results/run_study.sh`); greedy decoding, one episode per "
+             "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
+             f"{len(ends)} seeds ({', '.join(names)}); each seed plays the same mazes, so its pooled interval "
+             "measures episode noise on these mazes, and the per-seed column shows how much seeds differ.", ""]
+    if notes:
+        lines += [notes.strip(), ""]
+    lines += ["## Solve rate, SFT start vs GRPO end", "",
+              "| suite | n | SFT start | GRPO end (pooled) | per seed | diff | intervals apart |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in suites:
+        a = start["suites"][s]
+        rate, ci, rates = pooled(ends, s)
+        apart = ci[0] > a["ci95"][1] or ci[1] < a["ci95"][0]
+        lines.append(f"| {s} | {a['n']} | {a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
+                     f"{rate:.3f} [{ci[0]:.2f}, {ci[1]:.2f}] | {' / '.join(f'{r:.3f}' for r in rates)} | "
+                     f"{rate - a['success_rate']:+.3f} | {'yes' if apart else 'no'} |")
+    head = "fixed64" if "fixed64" in suites else suites[0]
+    lines += ["", f"## Failure breakdown before and after ({head})", "", *failures_table(start, ends, head), "",
+              "## Failures on every suite (share of episodes, SFT start → GRPO end, mean over seeds)", "",
+              *failures_by_suite(start, ends, suites), ""]
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=Path, required=True)
@@ -75,6 +128,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="append", default=[], help="NAME=DIR[+DIR...] (dirs pooled in one table)")
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--notes", type=Path, default=None, help="markdown put under the intro (provenance)")
     args = ap.parse_args()
     suites = args.suites.split(",")
     out = args.out
@@ -84,20 +138,8 @@ def main() -> None:
     jobs = sorted(p for p in args.seeds.iterdir() if (p / ".hydra").is_dir())
     ends = [evaluate(final_checkpoint(j), out / "eval" / f"grpo_end_{j.name.split('_')[0]}", suites) for j in jobs]
 
-    lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
-             "Produced by `sweeps/study.py` (commands in `results/run_study.sh`); greedy decoding, one episode per "
-             "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
-             f"{len(ends)} seeds ({', '.join(j.name for j in jobs)}).", "",
-             "| suite | n | SFT start | GRPO end (pooled) | per seed | diff | intervals apart |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for s in suites:
-        a = start["suites"][s]
-        rate, ci, rates = pooled(ends, s)
-        apart = ci[0] > a["ci95"][1] or ci[1] < a["ci95"][0]
-        lines.append(f"| {s} | {a['n']} | {a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
-                     f"{rate:.3f} [{ci[0]:.2f}, {ci[1]:.2f}] | {' / '.join(f'{r:.3f}' for r in rates)} | "
-                     f"{rate - a['success_rate']:+.3f} | {'yes' if apart else 'no'} |")
-    lines += ["", "## Failure breakdown before and after (fixed64)", "", *failures_table(start, ends, "fixed64"), ""]
+    notes = args.notes.read_text() if args.notes else ""
+    lines = study_tables(start, ends, [j.name for j in jobs], suites, notes)
 
     seeds_summary = out / "seeds"
     subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), str(args.seeds), "--out", str(seeds_summary)],

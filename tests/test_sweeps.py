@@ -1,5 +1,6 @@
 """A 2-job Hydra multirun of tiny runs completes and sweeps/summarize.py tabulates it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,20 @@ def test_multirun_and_summary(tmp_path):
     assert (sweep_dir / "curves.png").stat().st_size > 1000
     rows = (sweep_dir / "summary.csv").read_text().splitlines()
     assert rows[0] == "setting,seed,job,step,success_rate" and len(rows) == 1 + 2 * 2  # 2 jobs x steps 0 and 1
+
+    # the study's tables from the same real reports: step 0 as the start, each job's step 1 as a seed's end
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    from study import study_tables
+
+    start = json.loads((jobs[0] / "eval/step_0/report.json").read_text())
+    ends = [json.loads((j / "eval/step_1/report.json").read_text()) for j in jobs]
+    text = "\n".join(study_tables(start, ends, [j.name for j in jobs], ["size7"], notes="Made by the test."))
+    row = next(line for line in text.splitlines() if line.startswith("| size7 | 32 |"))
+    pooled = sum(e["suites"]["size7"]["successes"] for e in ends) / 64
+    assert f"| {pooled:.3f} [" in row and row.count(" / ") == 1
+    assert "Made by the test." in text and "## Failures on every suite" in text
+    for failure in start["suites"]["size7"]["failures"]:
+        assert f"failure: {failure}" in text
 
 
 def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
