@@ -155,14 +155,15 @@ def main(cfg: DictConfig) -> float | None:
             fail(f"checkpoint={cfg.checkpoint} could not be loaded: {str(err).splitlines()[0]}")
         checkpoint = cfg.checkpoint
         engine = HFEngine(model.eval(), processor, micro_batch=cfg.engine.micro_batch)
-        player = model_player(engine, processor, env, cfg.max_new_tokens, cfg.temperature, cfg.seed, progress=True)
+        player = model_player(engine, processor, env, cfg.max_new_tokens or cfg.algo.max_new_tokens, cfg.temperature,
+                              cfg.seed, progress=True)
     else:
         def player(mazes, samples):
             return play(cfg.policy, mazes, env, cfg.seed, samples)
 
     report, trajs = evaluate_suites(player, list(cfg.suites), cfg.samples)
     report["policy"] = cfg.policy
-    path = write_report(report, out, checkpoint, None)
+    path = write_report(report, out, checkpoint, None, env)
     table = report_markdown(report)
     (out / "report.md").write_text(f"# Evaluation: {checkpoint or cfg.policy}\n\n{table}")
     print(table)

@@ -222,13 +222,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                                     generators=list(cfg.env.generators), braid=cfg.env.braid,
                                     placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)
         if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
-            from maze.evalsets import eval_hashes
             from rl.sft import random_start
 
             rng = np.random.default_rng([cfg.trainer.seed, 7])
-            forbidden = eval_hashes()
-            expert_mazes = [random_start(m, rng, forbidden) if rng.random() < a.sft_random_start else m
-                            for m in expert_mazes]
+            expert_mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in expert_mazes]
         expert = [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
                                     max_turns=a.sft_max_turns, with_thought=a.sft_thought)
                   for k, m in enumerate(expert_mazes)]
@@ -291,7 +288,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         t0 = time.time()
         player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=True)
         report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites))
-        write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step)
+        write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step, eval_env)
         for name, s in report["suites"].items():
             for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
                         "mean_invalid_actions", "mean_loops", "mean_dead_end_entries"):

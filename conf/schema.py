@@ -34,7 +34,8 @@ class EnvConfig:
     train_sizes: list[int] = field(default_factory=list)  # training size mixture; empty = [size]
     generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
     braid: float = 0.0  # fraction of dead ends opened in training mazes
-    placement: str = "corners"  # corners (reference) | random
+    placement: str = "corners4"  # corners4: one of the reference's four corner pairs | corners: top-left to
+    # bottom-right only | random: two rooms at BFS distance >= the size
     # The defaults are the tiny CPU recipe; +experiment=reference_8b sets the reference's (global view, 32 px per
     # cell, gray 169 walls, no padding before). Why: README, Status.
     pixels_per_cell: int = 8  # 8 px: a (2N-1)-cell egocentric window of a 9x9 maze is 136 px + 8 -> 160: 25 tokens
@@ -47,7 +48,10 @@ class EnvConfig:
     view: str = "egocentric"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
     # the agent, so the whole maze stays in view and the agent's neighbours sit in fixed image tokens
     grid_lines: bool = False
-    max_turns: int = 30  # turns per episode (a bump or invalid action is a turn)
+    max_turns: int = 20  # turns per episode at env.size, the final stop included (the reference: 20 at 9x9); a bump
+    # or an invalid action is a turn; larger mazes get it scaled by area
+    interface: str = "vlmaze"  # vlmaze: short prompt, <action>up</action> | reference: the reference's prompt,
+    # ('move', d) / ('stop', 'stop') actions, its feedback lines and a remaining-steps notice (maze.env)
     require_stop: bool = True  # reference: success only on 'stop' at the goal
     max_moves_per_turn: int = 1
     max_images_in_context: int = 0  # keep only the newest K images (0 = all); training sees one sequence per
@@ -114,6 +118,7 @@ class EngineConfig:
     enforce_eager: bool = False  # vllm
     sleep_mode: bool = True  # vllm on GPU: free KV cache and offload weights during training
     max_model_len: int = 8192  # vllm
+    cpu_kv_cache_mib: int = 256  # vllm on CPU: KV cache size (explicit, so it does not depend on what else runs)
     logprob_gap_warn: float = 0.05  # warn when mean |engine - trainer| logprob exceeds this
 
 
@@ -184,7 +189,8 @@ CHOICES = {
     "model.name": ("tiny", "qwen3_vl_2b", "qwen3_vl_4b", "qwen3_vl_8b"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "env.placement": ("corners", "random"),
+    "env.placement": ("corners", "corners4", "random"),
+    "env.interface": ("vlmaze", "reference"),
     "algo.name": ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "sft"),
     "algo.adv_estimator": ("grpo", "rloo"),
     "algo.ratio_level": ("token", "sequence"),
@@ -266,7 +272,12 @@ def validate(cfg) -> None:
 
 @dataclass
 class EvaluateConfig:
-    """Top-level schema of ``evaluate.py`` (conf/evaluate.yaml)."""
+    """Top-level schema of ``evaluate.py`` (conf/evaluate.yaml).
+
+    It composes the same groups as training, so ``+experiment=NAME`` evaluates with that experiment's model,
+    environment and engine; the algo/reward/cluster/trainer groups are composed (and validated by their
+    schemas) but not used, except ``algo.max_new_tokens`` as the default per-turn limit.
+    """
 
     checkpoint: str | None = None  # a vlmaze checkpoint dir (…/step_N), its policy/ dir, an HF dir or hub id
     policy: str = "model"  # model | oracle | random | wall_follower
@@ -275,14 +286,19 @@ class EvaluateConfig:
     samples: int = 1  # episodes per maze; > 1 reports pass@k
     temperature: float = 0.0  # 0 = greedy; set > 0 with samples > 1
     seed: int = 0
-    max_new_tokens: int = 24
+    max_new_tokens: int = 0  # per turn; 0 = algo.max_new_tokens (the training limit)
     compare: list[str] = field(default_factory=list)  # report.json paths: print a side-by-side table and exit
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: ModelConfig = MISSING
+    env: EnvConfig = MISSING
+    engine: EngineConfig = MISSING
+    algo: AlgoConfig = MISSING
+    reward: RewardConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     figures: bool = True
     failed_grid: int = 12  # failed episodes drawn in the failure grid
 
 
 def register_evaluate() -> None:
+    register()  # the group schemas (base_model, base_env, ...) the evaluate config composes
     ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 GENERATORS = ("wilson", "backtracker", "prim", "kruskal")
-PLACEMENTS = ("corners", "random")
+PLACEMENTS = ("corners", "corners4", "random")
+# The reference's four corner pairs (start, goal) as functions of the size: TL->BR, BR->TL, BL->TR, TR->BL.
+CORNER_PAIRS = (("top_left", "bottom_right"), ("bottom_right", "top_left"),
+                ("bottom_left", "top_right"), ("top_right", "bottom_left"))
 MIN_SIZE, MAX_SIZE = 5, 31
 
 WALL, FLOOR = 1, 0
@@ -43,6 +46,14 @@ class Maze:
     @property
     def size(self) -> int:
         return int(self.grid.shape[0])
+
+    @property
+    def layout_hash(self) -> str:
+        """Stable hash of the grid alone: the same layout with another start or goal hashes the same."""
+        h = hashlib.sha256()
+        h.update(f"{self.size}|".encode())
+        h.update(np.ascontiguousarray(self.grid, dtype=np.uint8).tobytes())
+        return h.hexdigest()[:16]
 
     @property
     def content_hash(self) -> str:
@@ -225,12 +236,19 @@ def _braid(grid: np.ndarray, fraction: float, rng: np.random.Generator) -> None:
             grid[r + dr, c + dc] = FLOOR
 
 
+def corner(size: int, name: str) -> tuple[int, int]:
+    """The room in corner ``name`` (top_left, top_right, bottom_left, bottom_right) of a ``size`` maze."""
+    far = size - 2
+    return {"top_left": (1, 1), "top_right": (1, far), "bottom_left": (far, 1), "bottom_right": (far, far)}[name]
+
+
 def generate_maze(size: int = 9, seed: int = 0, generator: str = "wilson", braid: float = 0.0,
                   placement: str = "corners", min_distance: int | None = None) -> Maze:
     """Generate a maze deterministically from ``seed``.
 
-    placement: ``corners`` puts the start top-left and the goal bottom-right (the reference);
-    ``random`` picks two rooms at BFS distance >= ``min_distance`` (default: the size).
+    placement: ``corners`` puts the start top-left and the goal bottom-right; ``corners4`` draws one of
+    the reference's four corner pairs (``CORNER_PAIRS``) after the maze, as the reference does; ``random``
+    picks two rooms at BFS distance >= ``min_distance`` (default: the size).
     """
     _check_size(size)
     if generator not in _TREES:
@@ -246,6 +264,9 @@ def generate_maze(size: int = 9, seed: int = 0, generator: str = "wilson", braid
         _braid(grid, braid, rng)
     if placement == "corners":
         start, goal = (1, 1), (size - 2, size - 2)
+    elif placement == "corners4":
+        first, second = CORNER_PAIRS[int(rng.integers(len(CORNER_PAIRS)))]
+        start, goal = corner(size, first), corner(size, second)
     else:
         from maze.solver import distances_from
 

@@ -1,12 +1,17 @@
-"""Frozen evaluation suites and a training sampler that never yields an evaluation maze.
+"""Frozen evaluation suites and a training sampler that never yields an evaluation layout.
 
 The suites live in ``maze/data/eval_sets.json`` as text grids with content hashes, so they do
 not drift when generator code changes. ``python -m maze --freeze`` rewrites that file
 from ``SUITE_SPECS`` (only do this on purpose: it changes every reported number).
 
-``fixed64`` is the reference protocol: 64 ``maze_easy`` (9x9) Wilson mazes from seeds 0-63,
-start top-left, goal bottom-right. The other suites are held out from training: other sizes,
-each generator, braided mazes (several routes, so loops are possible) and random placement.
+``fixed64`` is the reference's own evaluation set: the 64 mazes its environment (``maze_2d/easy``,
+9x9 Wilson) produces for ``reset(seed=i)``, i = 0..63, each with its start and goal (one of four
+corner pairs), copied in seed order from ``REFERENCE_FILE`` when freezing. ``select64`` is a second
+set from the same distribution (vlmaze's Wilson generator, ``corners4``) for choosing recipes, so
+``fixed64`` stays a test set. The other suites are held out from training: other sizes, each
+generator, braided mazes (several routes, so loops are possible), all with the reference's four
+corner pairs, and random placement. No two suites share a layout (grid), and training never
+draws a layout that any suite holds, whatever its start and goal.
 """
 
 from __future__ import annotations
@@ -22,24 +27,49 @@ import numpy as np
 from maze.core import GENERATORS, Maze, generate_maze
 
 DATA_FILE = Path(__file__).parent / "data" / "eval_sets.json"
+# The reference's 64 evaluation mazes (data produced by running the reference environment), read by --freeze.
+REFERENCE_FILE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "maze2d_easy_seeds0-63.json"
 
 # name -> (description, generate_maze kwargs, number of mazes)
 SUITE_SPECS: dict[str, tuple[str, dict, int]] = {
-    "fixed64": ("the reference set: 64 maze_easy 9x9 Wilson mazes, seeds 0-63, corner placement",
-                dict(size=9, generator="wilson"), 64),
-    "size7": ("smaller than trained: 7x7 Wilson, corners", dict(size=7, generator="wilson"), 32),
-    "size11": ("maze_hard: 11x11 Wilson, corners", dict(size=11, generator="wilson"), 32),
-    "size13": ("larger than trained: 13x13 Wilson, corners", dict(size=13, generator="wilson"), 32),
-    "size15": ("larger than trained: 15x15 Wilson, corners", dict(size=15, generator="wilson"), 32),
-    "gen_backtracker": ("9x9 recursive backtracker (long corridors)",
-                        dict(size=9, generator="backtracker"), 32),
-    "gen_prim": ("9x9 randomised Prim (many short dead ends)", dict(size=9, generator="prim"), 32),
-    "gen_kruskal": ("9x9 randomised Kruskal", dict(size=9, generator="kruskal"), 32),
-    "braided": ("9x9 Wilson with half the dead ends opened (loops possible)",
-                dict(size=9, generator="wilson", braid=0.5), 32),
+    "fixed64": ("the reference's 64 evaluation mazes: maze_2d/easy 9x9, reset(seed=i) for i = 0..63, "
+                "four corner pairs", dict(size=9, generator="wilson", placement="corners4"), 64),
+    "select64": ("recipe selection: 64 more 9x9 Wilson mazes, four corner pairs (choose recipes here, "
+                 "report on fixed64)", dict(size=9, generator="wilson", placement="corners4"), 64),
+    "size7": ("smaller than trained: 7x7 Wilson, four corner pairs",
+              dict(size=7, generator="wilson", placement="corners4"), 32),
+    "size11": ("maze_hard: 11x11 Wilson, four corner pairs",
+               dict(size=11, generator="wilson", placement="corners4"), 32),
+    "size13": ("larger than trained: 13x13 Wilson, four corner pairs",
+               dict(size=13, generator="wilson", placement="corners4"), 32),
+    "size15": ("larger than trained: 15x15 Wilson, four corner pairs",
+               dict(size=15, generator="wilson", placement="corners4"), 32),
+    "gen_backtracker": ("9x9 recursive backtracker (long corridors), four corner pairs",
+                        dict(size=9, generator="backtracker", placement="corners4"), 32),
+    "gen_prim": ("9x9 randomised Prim (many short dead ends), four corner pairs",
+                 dict(size=9, generator="prim", placement="corners4"), 32),
+    "gen_kruskal": ("9x9 randomised Kruskal, four corner pairs",
+                    dict(size=9, generator="kruskal", placement="corners4"), 32),
+    "braided": ("9x9 Wilson with half the dead ends opened (loops possible), four corner pairs",
+                dict(size=9, generator="wilson", braid=0.5, placement="corners4"), 32),
     "random_placement": ("9x9 Wilson, start and goal random rooms at BFS distance >= 9",
                          dict(size=9, generator="wilson", placement="random", min_distance=9), 32),
 }
+
+
+def reference_mazes(path: Path = REFERENCE_FILE) -> list[Maze]:
+    """The reference's 64 evaluation mazes, in seed order, from its data file (grid, start, goal)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"the reference's maze file is not at {path}; freezing fixed64 needs it")
+    raw = json.loads(path.read_text())
+    mazes = []
+    for rec in sorted(raw["mazes"], key=lambda r: r["seed"]):
+        grid = np.array(rec["grid"], dtype=np.uint8)
+        mazes.append(Maze(grid, tuple(rec["start"]), tuple(rec["goal"]), int(rec["seed"]), "wilson",
+                          0.0, "corners4"))
+    if [m.seed for m in mazes] != list(range(64)):
+        raise ValueError(f"{path} must hold the reference's seeds 0-63")
+    return mazes
 
 
 @dataclass(frozen=True)
@@ -52,28 +82,29 @@ class EvalSuite:
         return len(self.mazes)
 
 
-def _build_suites() -> dict[str, list[Maze]]:
-    seen: set[str] = set()
-    suites = {}
+def _build_suites(reference: Path = REFERENCE_FILE) -> dict[str, list[Maze]]:
+    seen: set[str] = set()  # layout hashes: no two suites share a grid
+    suites = {"fixed64": reference_mazes(reference)}
+    seen.update(m.layout_hash for m in suites["fixed64"])
     for name, (_, kwargs, count) in SUITE_SPECS.items():
-        mazes, seed = [], 0  # every suite starts at seed 0; duplicates across suites are skipped
+        if name == "fixed64":
+            continue
+        mazes, seed = [], 0  # every suite starts at seed 0; layouts already in a suite are skipped
         while len(mazes) < count:
             maze = generate_maze(seed=seed, **kwargs)
             seed += 1
-            if maze.content_hash in seen:
-                if name == "fixed64":
-                    raise AssertionError("fixed64 must be exactly seeds 0-63")
+            if maze.layout_hash in seen:
                 continue
-            seen.add(maze.content_hash)
+            seen.add(maze.layout_hash)
             mazes.append(maze)
         suites[name] = mazes
     return suites
 
 
-def freeze(path: Path = DATA_FILE) -> None:
+def freeze(path: Path = DATA_FILE, reference: Path = REFERENCE_FILE) -> None:
     """Write every suite to ``path`` (text grids + hashes)."""
-    out = {"version": 1, "suites": {}}
-    for name, mazes in _build_suites().items():
+    out = {"version": 2, "suites": {}}
+    for name, mazes in _build_suites(reference).items():
         out["suites"][name] = {
             "description": SUITE_SPECS[name][0],
             "mazes": [{"rows": m.to_rows(), "seed": m.seed, "generator": m.generator,
@@ -117,8 +148,13 @@ def eval_hashes() -> frozenset[str]:
     return frozenset(m.content_hash for s in _load_file(str(DATA_FILE)).values() for m in s.mazes)
 
 
+def eval_layouts() -> frozenset[str]:
+    """Layout (grid) hashes of every maze in every frozen suite: what training must never draw."""
+    return frozenset(m.layout_hash for s in _load_file(str(DATA_FILE)).values() for m in s.mazes)
+
+
 class TrainSampler:
-    """Deterministic stream of training mazes that skips every maze found in an eval suite.
+    """Deterministic stream of training mazes that skips every layout found in an eval suite.
 
     Its whole state is ``position`` (the number of candidates drawn), so a checkpoint that saves
     ``state_dict()`` resumes the exact stream. Sizes and generators are drawn per maze from the
@@ -128,14 +164,14 @@ class TrainSampler:
     SEED_OFFSET = 1_000_000_000  # training seeds live far from the eval seeds (0..~100)
 
     def __init__(self, sizes=(9,), generators=("wilson",), braid: float = 0.0,
-                 placement: str = "corners", seed: int = 0, exclude: frozenset[str] | None = None,
+                 placement: str = "corners4", seed: int = 0, exclude: frozenset[str] | None = None,
                  max_skips: int = 10_000):
         for g in generators:
             if g not in GENERATORS:
                 raise ValueError(f"unknown maze generator {g!r}; choose from {GENERATORS}")
         self.sizes, self.generators = [int(s) for s in sizes], list(generators)
         self.braid, self.placement, self.seed = float(braid), placement, int(seed)
-        self.exclude = eval_hashes() if exclude is None else exclude
+        self.exclude = eval_layouts() if exclude is None else exclude  # layout hashes
         self.max_skips, self.position, self.skipped = max_skips, 0, 0
 
     def _candidate(self, index: int) -> Maze:
@@ -152,11 +188,11 @@ class TrainSampler:
         for _ in range(self.max_skips):
             maze = self._candidate(self.position)
             self.position += 1
-            if maze.content_hash not in self.exclude:
+            if maze.layout_hash not in self.exclude:
                 return maze
             self.skipped += 1
-        raise RuntimeError(f"train sampler skipped {self.max_skips} mazes in a row that are all in "
-                           f"eval suites; sizes {self.sizes} have too few distinct mazes")
+        raise RuntimeError(f"train sampler skipped {self.max_skips} mazes in a row whose layouts are all in "
+                           f"eval suites; sizes {self.sizes} have too few distinct layouts")
 
     def take(self, count: int) -> list[Maze]:
         return [next(self) for _ in range(count)]
@@ -173,10 +209,12 @@ class TrainSampler:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--freeze", action="store_true", help=f"rewrite {DATA_FILE}")
+    parser.add_argument("--reference", type=Path, default=REFERENCE_FILE,
+                        help="the reference's maze file that fixed64 is frozen from")
     parser.add_argument("--list", action="store_true", help="list the frozen suites")
     args = parser.parse_args()
     if args.freeze:
-        freeze()
+        freeze(reference=args.reference)
         print(f"wrote {DATA_FILE}")
     for name in suite_names():
         suite = load_suite(name)

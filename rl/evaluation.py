@@ -8,6 +8,7 @@ recompute the summaries (path included).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -122,11 +123,14 @@ def evaluate_suites(player: Player, suites: list[str], samples: int = 1) -> tupl
     return report, all_trajs
 
 
-def write_report(report: dict, out_dir: str | Path, checkpoint: str | None, step: int | None) -> Path:
+def write_report(report: dict, out_dir: str | Path, checkpoint: str | None, step: int | None,
+                 env: EnvSettings | None = None) -> Path:
+    """``report.json``; ``env`` records the environment settings the episodes were played with."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
-    path.write_text(json.dumps({**report, "checkpoint": checkpoint, "step": step}, indent=1))
+    extra = {"env": dataclasses.asdict(env)} if env is not None else {}
+    path.write_text(json.dumps({**report, "checkpoint": checkpoint, "step": step, **extra}, indent=1))
     return path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from maze.actions import format_action
 from maze.core import MOVES, Maze
 from maze.env import MazeEnv
 from maze.solver import expert_actions
@@ -61,11 +62,11 @@ def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, sample
     for g, maze in enumerate(mazes):
         for _ in range(samples):
             e = MazeEnv(size=maze.size, pixels_per_cell=4, max_turns=env.turns_for(maze.size),
-                        require_stop=env.require_stop, max_moves_per_turn=1)
+                        require_stop=env.require_stop, max_moves_per_turn=1, interface=env.interface)
             e.reset(options={"maze": maze})
             t, state = Trajectory(maze=maze, group=g), {}
             while True:
-                text = f"<action>{ACT[policy](e, state, rng)}</action>"
+                text = format_action(ACT[policy](e, state, rng), env.interface)
                 _, _, terminated, truncated, info = e.step(text)
                 t.actions.append(text)
                 t.infos.append(info)

@@ -17,14 +17,13 @@ corrects for it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from maze.core import Maze
-from maze.env import SYSTEM_PROMPT, MazeEnv
+from maze.env import SYSTEM_PROMPT, MazeEnv, turn_budget
 from models.engines.base import ImageInput, Prompt, SamplingParams
 from rl.types import Trajectory, finish_reason
 
@@ -47,17 +46,19 @@ class EnvSettings:
     pad_before: int = 0  # pixels of wall before the maze on the top and left
     wall_gray: int = 169  # gray level of wall cells (the reference palette: 169)
     view: str = "global"  # global | egocentric (the window moves with the agent, which stays in its centre)
+    interface: str = "vlmaze"  # vlmaze | reference: the prompt, action format and feedback words (maze.env)
 
     @classmethod
     def from_config(cls, env_cfg) -> EnvSettings:
         """From ``conf/env``: the training size is the reference size for turn budgets."""
         return cls(env_cfg.pixels_per_cell, env_cfg.grid_lines, env_cfg.max_turns, env_cfg.require_stop,
                    env_cfg.max_moves_per_turn, env_cfg.max_images_in_context, env_cfg.max_context_tokens,
-                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before, env_cfg.wall_gray, env_cfg.view)
+                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before, env_cfg.wall_gray, env_cfg.view,
+                   env_cfg.interface)
 
     def turns_for(self, size: int) -> int:
         """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
-        return max(self.max_turns, math.ceil(self.max_turns * (size / self.ref_size) ** 2))
+        return turn_budget(size, self.max_turns, self.ref_size)
 
 
 class Conversation:
@@ -100,8 +101,8 @@ class Conversation:
         assert k == len(images), "one image per image slot"
         return out
 
-    def first_turn(self, task_text: str, image: ImageInput) -> list[int]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+    def first_turn(self, task_text: str, image: ImageInput, system: str = SYSTEM_PROMPT) -> list[int]:
+        messages = [{"role": "system", "content": system},
                     {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": task_text}]}]
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.encode(text, [image])
@@ -127,12 +128,12 @@ def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int =
     e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
                 max_turns=max_turns or env.turns_for(maze.size), require_stop=env.require_stop,
                 max_moves_per_turn=env.max_moves_per_turn, pad_to=env.pad_to,
-                pad_before=env.pad_before, wall_gray=env.wall_gray, view=env.view)
+                pad_before=env.pad_before, wall_gray=env.wall_gray, view=env.view, interface=env.interface)
     obs, _ = e.reset(options={"maze": maze})
     t = Trajectory(maze=maze, group=group)
     image = conv.image(obs["image"])
     t.images.append(image)
-    t.append(conv.first_turn(obs["text"], image), 0)
+    t.append(conv.first_turn(obs["text"], image, e.system_prompt), 0)
     return e, t
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from maze.actions import format_action
 from maze.core import MOVES, Maze
 from rl.rollout import Conversation, EnvSettings, start_episode
 from rl.types import Trajectory
@@ -39,21 +40,17 @@ def thought(maze: Maze, position: tuple[int, int], facing: str) -> str:
     return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
 
 
-def random_start(maze: Maze, rng, forbidden: frozenset[str] = frozenset()) -> Maze:
+def random_start(maze: Maze, rng) -> Maze:
     """``maze`` with its start moved to a uniformly random floor cell other than the goal.
 
     Conversations that start anywhere cannot be solved from the text alone (the corner start lets a
     policy dead-reckon its position from its own moves): the walls and the agent must be read from the
-    image. A variant whose content hash is in ``forbidden`` (the eval sets) is never returned.
+    image. The layout stays the training sampler's, which no eval suite holds, so no variant is an eval maze.
     """
     import dataclasses
 
     cells = [tuple(int(x) for x in rc) for rc in np.argwhere(maze.grid == 0) if tuple(rc) != maze.goal]
-    for k in rng.permutation(len(cells)):
-        moved = dataclasses.replace(maze, start=cells[int(k)])
-        if moved.content_hash not in forbidden:
-            return dataclasses.replace(moved, placement="random_start")
-    return maze
+    return dataclasses.replace(maze, start=cells[int(rng.integers(len(cells)))], placement="random_start")
 
 
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
@@ -84,7 +81,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
         move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
         if not env.require_stop and move == "stop":
             break
-        text = f"{think}<action>{move}</action>"
+        text = think + format_action(move, env.interface)
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
         t.append(ids, 0 if off else 1)
         t.actions.append(text)

@@ -157,6 +157,18 @@ def test_evaluate_cli_report_schema_figures_and_compare(tmp_path):
     assert proc.returncode == 0 and "| fixed64 |" in proc.stdout and "yes" in proc.stdout
 
 
+def test_evaluate_oracle_with_the_reference_interface(tmp_path):
+    """``+experiment=reference_8b``: the reference's rendering, prompt, action format and 20-step budget."""
+    proc = _evaluate(["policy=oracle", "+experiment=reference_8b", "suites=[fixed64]", "figures=false",
+                      f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["env"]["interface"] == "reference" and report["env"]["max_turns"] == 20
+    assert (report["env"]["pixels_per_cell"], report["env"]["pad_to"], report["env"]["view"]) == (25, 1, "global")
+    assert report["suites"]["fixed64"]["success_rate"] == 1.0
+    assert max(ep["turns"] for ep in report["episodes"]) == 17  # 16 moves + the stop, within 20
+
+
 @pytest.mark.parametrize("args,message", [
     (["suites=[fixed64,nope]"], "unknown suite 'nope'"),
     (["checkpoint=/does/not/exist"], "checkpoint=/does/not/exist does not exist"),

@@ -2,6 +2,7 @@
 
 import itertools
 from collections import deque
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -238,16 +239,66 @@ def test_observations_lie_in_observation_space_and_gym_make_works():
 # ---------------------------------------------------------------- frozen sets and sampler
 def test_frozen_suites_load_and_match_hashes_and_generators():
     names = maze.suite_names()
-    assert names[0] == "fixed64" and len(names) >= 8
-    fixed = maze.load_suite("fixed64")
-    assert len(fixed) == 64 and [m.seed for m in fixed.mazes] == list(range(64))
-    for m in fixed.mazes:  # the frozen file still matches the code that made it
-        assert m == generate_maze(9, m.seed, "wilson")
-        assert m.start == (1, 1) and m.goal == (7, 7)
-    hashes = [m.content_hash for s in names for m in maze.load_suite(s).mazes]
-    assert len(hashes) == len(set(hashes)), "no maze appears twice across suites"
+    assert names[:2] == ["fixed64", "select64"] and len(names) >= 10
+    for name in names:  # every suite but fixed64 still matches the code that froze it
+        if name == "fixed64":
+            continue
+        for m in maze.load_suite(name).mazes:
+            min_distance = 9 if m.placement == "random" else None
+            assert m == generate_maze(m.size, m.seed, m.generator, m.braid, m.placement, min_distance)
+            assert (m.placement == "random") == (name == "random_placement")
+    layouts = [m.layout_hash for s in names for m in maze.load_suite(s).mazes]
+    assert len(layouts) == len(set(layouts)), "no layout appears twice across suites"
     with pytest.raises(KeyError, match="unknown eval suite 'nope'"):
         maze.load_suite("nope")
+
+
+REFERENCE_JSON = Path(__file__).resolve().parents[2] / "shared" / "reference" / "maze2d_easy_seeds0-63.json"
+
+
+def test_fixed64_is_the_reference_set_with_its_invariants():
+    """The invariants ../shared/reference/README.md states for the reference's 64 mazes, on the frozen copy."""
+    from collections import Counter
+
+    from rl.policies import play
+    from rl.rollout import EnvSettings
+
+    fixed = maze.load_suite("fixed64").mazes
+    assert [m.seed for m in fixed] == list(range(64)) and all(m.size == 9 for m in fixed)
+    names = {(1, 1): "TL", (1, 7): "TR", (7, 1): "BL", (7, 7): "BR"}
+    pairs = Counter(f"{names[m.start]}->{names[m.goal]}" for m in fixed)
+    assert pairs == {"BL->TR": 20, "BR->TL": 17, "TL->BR": 11, "TR->BL": 16}
+    assert Counter(maze.optimal_steps(m) for m in fixed) == {12: 50, 16: 14}
+    for steps, want in [(10_000, None), (30, 0.609), (20, 0.188)]:
+        follower = play("wall_follower", list(fixed), EnvSettings(max_turns=steps))
+        if want is None:  # unbounded: it solves all; 27 moves on average, 48 at most
+            assert all(t.success for t in follower)
+            moves = [t.infos[-1]["moves"] for t in follower]
+            assert round(np.mean(moves)) == 27 and max(moves) == 48
+        else:
+            assert round(np.mean([t.success for t in follower]), 3) == want
+    oracle = play("oracle", list(fixed), EnvSettings(max_turns=20))  # 20 steps, the final stop included
+    assert all(t.success for t in oracle)
+
+
+@pytest.mark.skipif(not REFERENCE_JSON.is_file(), reason="../shared/reference is not beside this checkout")
+def test_fixed64_equals_the_reference_file_in_seed_order():
+    from maze.evalsets import reference_mazes
+
+    ref = reference_mazes(REFERENCE_JSON)
+    fixed = maze.load_suite("fixed64").mazes
+    assert [(m.grid.tolist(), m.start, m.goal, m.seed) for m in fixed] == \
+        [(m.grid.tolist(), m.start, m.goal, m.seed) for m in ref]
+
+
+def test_corners4_draws_all_four_reference_corner_pairs():
+    from collections import Counter
+
+    drawn = Counter((m.start, m.goal) for m in (generate_maze(9, s, placement="corners4") for s in range(400)))
+    assert set(drawn) == {((1, 1), (7, 7)), ((7, 7), (1, 1)), ((7, 1), (1, 7)), ((1, 7), (7, 1))}
+    assert min(drawn.values()) > 60
+    assert generate_maze(9, 5, placement="corners4") == generate_maze(9, 5, placement="corners4")
+    assert (generate_maze(9, 5, placement="corners4").grid == generate_maze(9, 5).grid).all()  # same layout
 
 
 def test_corrupt_frozen_file_is_detected(tmp_path):
@@ -264,14 +315,21 @@ def test_corrupt_frozen_file_is_detected(tmp_path):
         _load_file(str(bad))
 
 
-def test_train_sampler_never_yields_an_eval_maze_and_resumes():
-    # 7x7 has only 192 distinct corner-placed perfect mazes, and size7 holds 32 of them,
-    # so a 7x7 stream hits eval mazes often: the sampler must skip every one.
-    excluded = maze.eval_hashes()
+def test_train_sampler_never_yields_an_eval_layout_and_resumes():
+    # 7x7 has only 192 perfect-maze layouts and size7 holds 32 of them, so a 7x7 stream draws eval
+    # layouts often: the sampler must skip each one whatever its start and goal (four corner pairs).
+    excluded = maze.evalsets.eval_layouts()
     sampler = maze.TrainSampler(sizes=[7], seed=1)
+    assert sampler.placement == "corners4"
     drawn = sampler.take(300)
     assert sampler.skipped > 0
-    assert not any(m.content_hash in excluded for m in drawn)
+    assert not any(m.layout_hash in excluded for m in drawn)
+    # the fixed64 layouts with other corner pairs are excluded too (the same grid, another start)
+    import dataclasses
+
+    fixed = maze.load_suite("fixed64").mazes[0]
+    moved = dataclasses.replace(fixed, start=fixed.goal, goal=fixed.start)
+    assert moved.content_hash not in maze.eval_hashes() and moved.layout_hash in excluded
     state = sampler.state_dict()
     more = sampler.take(5)
     again = maze.TrainSampler(sizes=[7], seed=1)
@@ -282,8 +340,8 @@ def test_train_sampler_never_yields_an_eval_maze_and_resumes():
 def test_train_sampler_mixes_sizes_and_fails_clearly_when_exhausted():
     sizes = {m.size for m in maze.TrainSampler(sizes=[7, 9, 11], seed=0).take(30)}
     assert sizes == {7, 9, 11}
-    everything = frozenset(generate_maze(5, s).content_hash for s in range(200))
-    with pytest.raises(RuntimeError, match="too few distinct mazes"):
+    everything = frozenset(generate_maze(5, s).layout_hash for s in range(200))
+    with pytest.raises(RuntimeError, match="too few distinct layouts"):
         maze.TrainSampler(sizes=[5], exclude=everything, max_skips=50).take(1)
 
 
@@ -404,3 +462,59 @@ def test_egocentric_agent_sits_at_the_same_place_in_its_token_for_every_size(siz
     env = maze.MazeEnv(size=size, pixels_per_cell=8, pad_to=32, pad_before=8, view="egocentric")
     obs, _ = env.reset(options={"maze": m})
     assert obs["image"].shape == env.observation_space["image"].shape == img.shape
+
+
+# ---------------------------------------------------------------- the reference's interface
+def reference_env(**kw):
+    return maze.MazeEnv(size=9, interface="reference", pixels_per_cell=25, wall_gray=169, max_turns=20, **kw)
+
+
+def test_reference_interface_reads_tuple_actions_bare_and_tagged():
+    from maze.actions import format_action, parse_reference_action
+
+    assert parse_reference_action("('move', 1)").moves == ("up",)
+    assert parse_reference_action("I go left. <action>('move', 2)</action>").moves == ("left",)
+    assert parse_reference_action("`('move', 0)`").moves == ("right",)
+    assert parse_reference_action("<action>('stop', 'stop')</action>").moves == ("stop",)
+    assert parse_reference_action("('stop','stop')").moves == ("stop",)
+    for bad, why in [("('move', 4)", "not in the valid action space of move"),
+                     ("('move', True)", "not in the valid action space of move"),
+                     ("('jump', 1)", "'jump' is not recognized"),
+                     ("('move', 1, 2)", "tuple of two elements"),
+                     ("up", "Cannot parse action string"),
+                     ("<action>up</action>", "Cannot parse action string"),
+                     ("(" * 5000, "longer than")]:
+        parsed = parse_reference_action(bad)
+        assert not parsed.valid and why in parsed.error, (bad, parsed.error)
+    for move in ["up", "down", "left", "right", "stop"]:
+        assert parse_reference_action(format_action(move, "reference")).moves == (move,)
+
+
+def test_reference_interface_episode_feedback_and_remaining_steps():
+    m = maze.load_suite("fixed64").mazes[3]  # TL -> BR
+    env = reference_env()
+    obs, _ = env.reset(options={"maze": m})
+    assert "9x9 maze" in env.system_prompt and "('move', direction)" in env.system_prompt
+    assert "0=right, 1=up, 2=left, 3=down" in env.system_prompt and "('stop', 'stop')" in env.system_prompt
+    assert "20 steps" in obs["text"]
+    assert obs["image"].shape == (225, 225, 3)  # 25 px cells, not padded
+    assert tuple(obs["image"][12, 12]) == (169, 169, 169) and tuple(obs["image"][37, 37]) == (0, 0, 255)
+    obs, _, _, _, info = env.step("('move', 1)")  # up from (1, 1): a wall
+    assert obs["text"] == "Cannot move into a wall. 19 steps remaining." and info["bumps"] == 1
+    obs, _, _, _, info = env.step("<action>('move', 0)</action>")
+    assert obs["text"] == "Action executed successfully. 18 steps remaining." and info["position"] == (1, 2)
+    obs, _, _, _, info = env.step("<action>move right</action>")
+    assert obs["text"].startswith("Cannot parse action string") and obs["text"].endswith("17 steps remaining.")
+    assert info["invalid_actions"] == 1
+    _, reward, terminated, _, info = env.step("('stop', 'stop')")  # not on the goal
+    assert terminated and reward == 0.0 and info["stopped_wrong"]
+
+
+def test_reference_interface_oracle_solves_fixed64_in_20_steps():
+    from rl.policies import play
+    from rl.rollout import EnvSettings
+
+    trajs = play("oracle", list(maze.load_suite("fixed64").mazes), EnvSettings(max_turns=20, interface="reference"))
+    assert all(t.success for t in trajs)
+    assert trajs[0].actions[-1] == "<action>('stop', 'stop')</action>"
+    assert all(a.startswith("<action>('move', ") for a in trajs[0].actions[:-1])

