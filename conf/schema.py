@@ -270,6 +270,19 @@ def validate(cfg) -> None:
         raise ConfigError("trainer.resume must be auto, never or a checkpoint path")
 
 
+def check_hardware(cfg, gpus: int) -> None:
+    """Combinations that make no sense on this machine (``gpus`` CUDA devices), checked after the dry run
+    (which plans for any machine) and before any heavy work. Raises ConfigError naming the keys."""
+    if cfg.cluster.device == "cuda" and gpus < cfg.cluster.nproc_per_node:
+        raise ConfigError(f"cluster={cfg.cluster.name} runs {cfg.cluster.nproc_per_node} processes per node on "
+                          f"cluster.device=cuda, but this machine has {gpus} GPU(s); use a cluster that fits "
+                          "(cpu, cpu2, 1gpu) or dry_run=true to see the plan")
+    if cfg.cluster.device == "cpu" and gpus > 0 and cfg.model.name != "tiny":
+        raise ConfigError(f"model={cfg.model.name} on cluster={cfg.cluster.name} (cluster.device=cpu) would train "
+                          "a real model on the CPU while a GPU sits idle (or vLLM takes it); use cluster=1gpu or "
+                          "cluster=8gpu")
+
+
 @dataclass
 class EvaluateConfig:
     """Top-level schema of ``evaluate.py`` (conf/evaluate.yaml).

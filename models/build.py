@@ -36,9 +36,9 @@ def attn_implementation(requested: str, device: str) -> str:
 
 def load_policy(cfg_model, device: str = "cpu"):
     """Return ``(model, processor)`` for ``conf/model``; weights only from safetensors."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    import models.tiny  # noqa: F401  (registers the image-only processor with AutoProcessor)
+    from models.tiny import load_processor
 
     path = resolve_path(cfg_model.path)
     if cfg_model.name == "tiny" and path is None:
@@ -54,9 +54,7 @@ def load_policy(cfg_model, device: str = "cpu"):
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=DTYPES[cfg_model.dtype], attn_implementation=attn, use_safetensors=True,
         trust_remote_code=cfg_model.trust_remote_code)
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg_model.trust_remote_code,
-                                              min_pixels=cfg_model.min_pixels,
-                                              max_pixels=cfg_model.max_pixels)
+    processor = load_processor(path, min_pixels=cfg_model.min_pixels, max_pixels=cfg_model.max_pixels)
     log.info("model: %s from %s, dtype %s, attn_implementation=%s, %d params", cfg_model.name, path,
              cfg_model.dtype, attn, sum(p.numel() for p in model.parameters()))
     return model.to(device), processor
@@ -64,9 +62,9 @@ def load_policy(cfg_model, device: str = "cpu"):
 
 def load_policy_dir(path: str | Path, dtype: str = "float32"):
     """``(model, processor)`` from a saved HF directory (a checkpoint's policy/ or the shipped SFT start)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    import models.tiny  # noqa: F401
+    from models.tiny import load_processor
 
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=DTYPES[dtype], use_safetensors=True)
-    return model.eval(), AutoProcessor.from_pretrained(str(path))
+    return model.eval(), load_processor(path)

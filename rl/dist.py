@@ -37,6 +37,15 @@ def all_reduce_sum(value: float) -> float:
     return float(t.item())
 
 
+def all_reduce_sums(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum of a float64 vector over ranks, in one collective."""
+    if not dist.is_initialized():
+        return values
+    out = values.clone()
+    dist.all_reduce(out)
+    return out
+
+
 def all_reduce_grads(model) -> None:
     """Sum gradients over ranks (losses are already normalised by global counts)."""
     if not dist.is_initialized():

@@ -103,3 +103,24 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     probs = logp_all.exp()
     ent = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
     return logp, torch.nn.functional.pad(ent, (1, 0))
+
+
+def turn_index(mask: torch.Tensor) -> torch.Tensor:
+    """mask (N, T), 1 on model-written tokens -> (N, T) long: the assistant turn each token belongs to
+    (0 for the first turn's tokens; -1 before it). A turn is a run of 1s."""
+    starts = mask * (1 - torch.nn.functional.pad(mask[:, :-1], (1, 0)))  # (N, T): 1 where a turn begins
+    return starts.cumsum(-1).long() - 1
+
+
+def gap_by_turn(logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+                turns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of |trainer - engine| logprob and token count per turn index (turns >= ``turns`` - 1 pooled).
+
+    logp, engine_logp, mask: (N, T). Returns two (turns,) float64 tensors: gap sums and token counts.
+    """
+    on = mask > 0
+    idx = turn_index(mask).clamp(0, turns - 1)[on]
+    diff = (logp.detach() - engine_logp).abs()[on].double()
+    sums = torch.zeros(turns, dtype=torch.float64).index_add_(0, idx, diff)
+    counts = torch.zeros(turns, dtype=torch.float64).index_add_(0, idx, torch.ones_like(diff))
+    return sums, counts

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from maze.core import Maze
 from maze.env import SYSTEM_PROMPT, MazeEnv, turn_budget
-from models.engines.base import ImageInput, Prompt, SamplingParams
+from models.engines.base import ImageInput, Prompt, SamplingParams, derive_seed
 from rl.types import Trajectory, finish_reason
 
 IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -152,7 +152,7 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
     bar = tqdm(total=max(env.turns_for(m.size) for m in mazes), desc=desc, disable=not progress, leave=False)
     turn = 0
     while live:
-        seed = None if sampling.seed is None else sampling.seed + turn
+        seed = None if sampling.seed is None else derive_seed(sampling.seed, turn)
         params = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens,
                                 sampling.stop, seed)
         completions = engine.generate([Prompt(trajs[i].token_ids, trajs[i].images) for i in live], params)

@@ -101,3 +101,16 @@ def test_gradient_accumulation_equals_full_batch(agg):
     loss_of([0, 1]).backward()
     loss_of([2, 3]).backward()
     assert torch.allclose(w.grad, full, atol=1e-6)
+
+
+def test_turn_index_and_the_logprob_gap_per_turn_by_hand():
+    from rl.logprobs import gap_by_turn, turn_index
+
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1], [0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    assert turn_index(mask).tolist() == [[-1, -1, 0, 0, 0, 0, 1, 1, 2, 2, 2], [-1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]]
+    engine = torch.arange(11.0).repeat(2, 1) * 0.1  # |gap| at position j is 0.1 j
+    sums, counts = gap_by_turn(torch.zeros_like(mask), engine, mask, turns=3)
+    assert sums.tolist() == pytest.approx([0.2 + 0.3 + 0.1, 0.6 + 0.3 + 0.4, 0.8 + 0.9 + 1.0])
+    assert counts.tolist() == [3, 3, 3]
+    sums, counts = gap_by_turn(torch.zeros_like(mask), engine, mask, turns=2)  # later turns pooled into the last
+    assert counts.tolist() == [3, 6] and sums[1] == pytest.approx(1.3 + 2.7)

@@ -1,5 +1,7 @@
 """Tiny Qwen3-VL offline, the hf engine, and multi-turn token-in/token-out rollouts."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -18,7 +20,11 @@ def tiny():
 
 
 def test_tiny_is_deterministic_and_roundtrips_offline(tiny, tmp_path):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from models.tiny import load_processor, save_processor
 
     model, processor = tiny
     again, _ = build_tiny(seed=0)
@@ -27,11 +33,21 @@ def test_tiny_is_deterministic_and_roundtrips_offline(tiny, tmp_path):
     other, _ = build_tiny(seed=1)
     assert not torch.equal(model.lm_head.weight, other.lm_head.weight)
     model.save_pretrained(tmp_path)
-    processor.save_pretrained(tmp_path)
+    save_processor(processor, tmp_path)
     loaded = AutoModelForImageTextToText.from_pretrained(tmp_path)
-    proc2 = AutoProcessor.from_pretrained(tmp_path)
+    proc2 = load_processor(tmp_path)
     assert type(loaded).__name__ == "Qwen3VLForConditionalGeneration"
     assert type(proc2).__name__ == type(processor).__name__
+    assert type(proc2.image_processor) is type(processor.image_processor)  # PIL, with or without torchvision
+    # the checkpoint carries a full Qwen3VLProcessor (image, video, tokenizer), which is what vLLM loads
+    config = json.loads((tmp_path / "processor_config.json").read_text())
+    assert config["processor_class"] == "Qwen3VLProcessor"
+    assert config["video_processor"]["patch_size"] == config["image_processor"]["patch_size"] == 16
+    if importlib.util.find_spec("torchvision") is not None:  # the vLLM CPU test environment
+        from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+        full = Qwen3VLProcessor.from_pretrained(tmp_path)
+        assert type(full.video_processor).__name__ == "Qwen3VLVideoProcessor"
     for (n, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(p, q), n
     text = "You moved up. <action>left</action>"

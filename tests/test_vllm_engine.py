@@ -73,3 +73,87 @@ def test_weight_push_changes_vllm_to_the_new_weights(setup):
     old_model, _ = build_tiny_text(0)
     old_model.load_state_dict(old)
     assert max_gap(old_model, engine, tok) > 10 * TOLERANCE  # ...and no longer the old ones
+
+
+def test_identical_prompts_sample_distinct_completions_reproducibly(setup):
+    """A GRPO group is G copies of one prompt: one seed for all of them made every group one episode."""
+    _, tok, engine = setup
+    group = [prompts(tok)[0]] * 4
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=11)
+    first = [tuple(c.token_ids) for c in engine.generate(group, params)]
+    assert len(set(first)) == 4, first  # four different samples of the same prompt
+    assert [tuple(c.token_ids) for c in engine.generate(group, params)] == first  # and the same ones again
+    other = [tuple(c.token_ids) for c in engine.generate(group, SamplingParams(1.0, 1.0, 12, seed=12))]
+    assert other != first
+
+
+def test_weight_push_resets_the_prefix_cache(setup):
+    """A prompt of many KV blocks is cached by a first generate; after a push, its logprobs must be the new
+    weights' (a stale prefix cache keeps serving KV computed by the old ones)."""
+    model, tok, engine = setup
+    text = "<|im_start|>user\n" + "You moved up. You hit a wall going left and did not move. " * 55 + \
+        "<|im_end|>\n<|im_start|>assistant\n"
+    long = Prompt(tok.encode(text, add_special_tokens=False))
+    assert len(long.token_ids) > 4 * engine.llm.llm_engine.vllm_config.cache_config.block_size
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    engine.generate([long], params)  # now cached
+    with torch.no_grad():
+        torch.manual_seed(2)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.update_weights(model.state_dict())
+    c = engine.generate([long], params)[0]
+    ref = trainer_logprobs(model, long.token_ids, c.token_ids, engine.banned_token_ids, 1.0)
+    assert float((ref - torch.tensor(c.logprobs)).abs().max()) < TOLERANCE
+
+
+def test_a_weight_push_that_misses_parameters_is_an_error(setup):
+    model, _, engine = setup
+    partial = {k: v for k, v in model.state_dict().items() if ".layers.0.mlp." not in k}
+    with pytest.raises(RuntimeError, match=r"weight push left \d+ vLLM parameters unchanged .*layers\.0\.mlp"):
+        engine.update_weights(partial)
+    engine.update_weights(model.state_dict())  # the full push goes through
+
+
+def test_padded_vocabulary_rows_are_banned_for_engine_and_trainer_alike(tmp_path):
+    """Real checkpoints have more output rows than tokens; neither side may give those rows mass."""
+    from models.engines.vllm import VLLMEngine
+
+    model, tok = build_tiny_text(0, padded_vocab=64)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    engine = VLLMEngine(str(tmp_path), tok, dtype="float32", enforce_eager=True, max_model_len=1024)
+    assert set(range(len(tok), len(tok) + 64)) <= set(engine.banned_token_ids)
+    assert max_gap(model, engine, tok, temperature=1.0) < TOLERANCE
+
+
+def test_an_older_vllm_fails_at_start_naming_what_it_lacks(monkeypatch):
+    from models.engines.vllm import check_vllm_api
+
+    check_vllm_api()  # the installed (tested) version has everything
+    monkeypatch.delattr(vllm.LLM, "reset_prefix_cache")
+    with pytest.raises(RuntimeError, match=r"lacks LLM.reset_prefix_cache; engine=vllm is tested with vllm 0.32"):
+        check_vllm_api()
+
+
+def test_two_ranks_under_torchrun_get_one_engine_each(tmp_path):
+    """Colocated data-parallel engines: rank r's engine is a worker of rank r on local device r with a
+    tensor-parallel group of its own (without the external launcher every engine was rank 0, device 0)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29541",
+           str(root / "tests/scripts/vllm_two_ranks.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = sorted((json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["engine"]["rank"] == r["rank"] and r["engine"]["local_rank"] == r["local_rank"]
+        assert r["engine"]["tp_ranks"] == [r["rank"]] and r["engine"]["world_ranks"] == [0, 1]
+        assert r["gap"] < TOLERANCE

@@ -58,7 +58,7 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 48
     stop: tuple[str, ...] = ("</action>",)
-    seed: int | None = None
+    seed: int | None = None  # None: unseeded; else each request gets derive_seed(seed, request index)
 
     @property
     def greedy(self) -> bool:
@@ -76,15 +76,36 @@ class Engine(Protocol):
 
     def wake(self) -> None: ...
 
+    def close(self) -> None: ...
 
-def banned_token_ids(tokenizer) -> list[int]:
-    """Special tokens a policy must never write: vision markers and chat-structure tokens.
 
-    Sampling an ``<|image_pad|>`` into the text would desynchronise image features and
-    placeholders on the next forward; ``<|im_start|>`` would let the model speak as the user.
+def derive_seed(*parts: int) -> int:
+    """A sampling seed in [0, 2**31) that depends on every part (run seed, step, rank, turn, request index).
+
+    Hashing (numpy's SeedSequence) instead of arithmetic keeps nearby tuples apart: ``seed + turn`` would
+    give rank 0's turn 1 the seeds of rank 1's turn 0.
+    """
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)
+
+
+def banned_token_ids(tokenizer, vocab_size: int | None = None) -> list[int]:
+    """The one definition of what a policy may not write, used by every engine and by the trainer.
+
+    Special tokens: vision markers and chat-structure tokens (sampling an ``<|image_pad|>`` into the text
+    would desynchronise image features and placeholders on the next forward; ``<|im_start|>`` would let
+    the model speak as the user). And the model's padded vocabulary rows, ids from ``len(tokenizer)`` to
+    ``vocab_size`` (real checkpoints pad their embedding matrix): no text maps to them.
     """
     names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
              "<|im_start|>", "<|endoftext|>"]
     ids = [tokenizer.convert_tokens_to_ids(n) for n in names]
     unk = getattr(tokenizer, "unk_token_id", None)
-    return sorted({i for i in ids if i is not None and i != unk})
+    special = {i for i in ids if i is not None and i != unk}
+    return sorted(special | set(range(len(tokenizer), vocab_size or 0)))
+
+
+def output_vocab_size(model) -> int:
+    """Rows of a model's output layer (its logits' last dimension)."""
+    return int(model.get_output_embeddings().weight.shape[0])

@@ -6,9 +6,11 @@ nothing to copy; ``sleep``/``wake`` are no-ops.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids
+from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed, output_vocab_size
 from rl.logprobs import collate, masked_logits
 
 
@@ -16,7 +18,7 @@ class HFEngine:
     def __init__(self, model, processor, micro_batch: int = 64):
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
-        self.banned_token_ids = banned_token_ids(self.tokenizer)
+        self.banned_token_ids = banned_token_ids(self.tokenizer, output_vocab_size(model))
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad_id = self.tokenizer.pad_token_id
         self.image_token_id = model.config.image_token_id
@@ -35,7 +37,10 @@ class HFEngine:
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
         out: list[Completion] = []
         for lo in range(0, len(prompts), self.micro_batch):
-            out.extend(self._generate(prompts[lo:lo + self.micro_batch], sampling))
+            part = sampling  # each micro-batch its own seed, so no two rows share a random stream
+            if sampling.seed is not None and lo > 0:
+                part = replace(sampling, seed=derive_seed(sampling.seed, lo))
+            out.extend(self._generate(prompts[lo:lo + self.micro_batch], part))
         return out
 
     def _encode_images(self, prompts: list[Prompt]):
@@ -103,6 +108,9 @@ class HFEngine:
             self.model.load_state_dict(dict(named_tensors), strict=True)
 
     def sleep(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def wake(self) -> None:

