@@ -215,6 +215,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         from models.engines.hf import HFEngine
 
         engine = HFEngine(rollout_model, processor, micro_batch=cfg.engine.micro_batch)
+    # vLLM and the hf engine's unsharded copy under FSDP2 need the new weights after each update; plain hf
+    # shares the trainer's module. The loop below does not branch on the engine.
+    push_weights = cfg.engine.name == "vllm" or rollout_model is not policy
     env = EnvSettings.from_config(cfg.env)
     max_turns_any = max(env.turns_for(s) for s in (list(cfg.env.train_sizes) or [cfg.env.size]))
     eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
@@ -460,11 +463,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             raise SystemExit(f"stopping: {nonfinite_in_row} steps in a row had a non-finite loss or gradient "
                              f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps})")
 
-        # 4. weight sync: vLLM and the FSDP2 engine copy get the new full weights; plain hf shares the module
-        if fsdp:
-            engine.update_weights(full_state_dict(policy, cpu_offload=False))  # every rank needs them
-        elif cfg.engine.name == "vllm":
-            engine.update_weights(policy.state_dict())
+        # 4. weight sync: the engine gets the new full weights (every rank needs them) unless it shares the module
+        if push_weights:
+            engine.update_weights(full_state_dict(policy, cpu_offload=False) if fsdp else policy.state_dict())
 
         # 5. log
         step_done = step + 1
