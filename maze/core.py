@@ -47,21 +47,21 @@ class Maze:
     def size(self) -> int:
         return int(self.grid.shape[0])
 
-    @property
-    def layout_hash(self) -> str:
-        """Stable hash of the grid alone: the same layout with another start or goal hashes the same."""
+    def _digest(self, head: str) -> str:
         h = hashlib.sha256()
-        h.update(f"{self.size}|".encode())
+        h.update(head.encode())
         h.update(np.ascontiguousarray(self.grid, dtype=np.uint8).tobytes())
         return h.hexdigest()[:16]
 
     @property
+    def layout_hash(self) -> str:
+        """Stable hash of the grid alone: the same layout with another start or goal hashes the same."""
+        return self._digest(f"{self.size}|")
+
+    @property
     def content_hash(self) -> str:
         """Stable hash of what the agent sees (grid, start, goal); independent of seed/generator."""
-        h = hashlib.sha256()
-        h.update(f"{self.size}|{self.start}|{self.goal}|".encode())
-        h.update(np.ascontiguousarray(self.grid, dtype=np.uint8).tobytes())
-        return h.hexdigest()[:16]
+        return self._digest(f"{self.size}|{self.start}|{self.goal}|")
 
     def is_floor(self, pos: tuple[int, int]) -> bool:
         r, c = pos
