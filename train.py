@@ -520,10 +520,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         if cfg.trainer.eval_every and (step_done % cfg.trainer.eval_every == 0 or last):
             score = run_eval(step_done)
             metrics_state["last_score"] = score
-        if last or stop_requested["signal"] or (cfg.trainer.save_every and step_done % cfg.trainer.save_every == 0):
+        stop = stop_requested["signal"]  # read once: a signal arriving between two reads would skip the save
+        if last or stop or (cfg.trainer.save_every and step_done % cfg.trainer.save_every == 0):
             save(step_done)
-        if stop_requested["signal"] and not last:
-            D.print0(f"received signal {stop_requested['signal']}: saved step {step_done}, exiting")
+        if stop and not last:
+            D.print0(f"received signal {stop}: saved step {step_done}, exiting")
             break
     if writer is not None:
         writer.close()
