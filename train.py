@@ -394,7 +394,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         policy.train()
         stats = {"pg": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0,
                  "tis_mean": 0.0, "grad_norm": 0.0, "loss": 0.0}
-        n_updates, skipped, gap_sum = 0, False, 0.0
+        n_updates, skipped = 0, False
         gap_turns = torch.zeros((2, max_turns_any), dtype=torch.float64)  # per turn index: |gap| sums, tokens
         epochs = 1 if sft else a.ppo_epochs
         for epoch_i in range(epochs):
@@ -414,7 +414,6 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     width = lp.shape[1]
                     m = mask_all[sel, :width]  # (n, T)
                     if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
-                        gap_sum += float(((lp.detach() - rollout_lp[sel, :width]).abs() * m).sum())
                         gap_turns += torch.stack(gap_by_turn(lp, rollout_lp[sel, :width], m, max_turns_any))
                     if sft:
                         loss = -(lp * m).sum() / max(g_tokens, 1.0)
@@ -477,12 +476,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
             "resp_tokens": float(mask_all.sum()), "kept": float(len(kept)),
             "tokens": float(sum(len(t.token_ids) for t in trajs)),
-            "gap": gap_sum,
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
         n_upd = max(n_updates, 1)
-        gap = tot["gap"] / max(tot["resp_tokens"], 1.0)
+        gap = float(gap_turns[0].sum() / gap_turns[1].sum().clamp(min=1.0))  # mean |engine - trainer| per token
         if gap > cfg.engine.logprob_gap_warn and not sft:
             log.warning("engine-vs-trainer logprob gap %.4f exceeds engine.logprob_gap_warn=%.4f",
                         gap, cfg.engine.logprob_gap_warn)
