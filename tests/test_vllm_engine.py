@@ -150,7 +150,7 @@ def test_two_ranks_under_torchrun_get_one_engine_each(tmp_path):
            str(root / "tests/scripts/vllm_two_ranks.py"), str(tmp_path)]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
-    rows = sorted((json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert [r["rank"] for r in rows] == [0, 1], proc.stderr[-3000:]
     for r in rows:
         assert (r["engine"]["rank"], r["engine"]["local_rank"]) == (r["rank"], r["local_rank"]), rows

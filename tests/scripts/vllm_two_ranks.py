@@ -1,8 +1,8 @@
 """Run under torchrun (2 gloo ranks): each rank builds its own colocated vLLM engine, as train.py does.
 
 Checks, per rank: the engine's worker has this process's rank and local rank, a tensor-parallel group of
-its own (data-parallel engines), and samples its own prompt with logprobs equal to the trainer's. Prints
-one JSON line per rank.
+its own (data-parallel engines), and samples its own prompt with logprobs equal to the trainer's. Writes
+``rank<r>.json`` per rank into the given directory (stdout lines of two ranks can interleave).
 """
 
 import json
@@ -49,8 +49,9 @@ def main() -> None:
     ref = ref.gather(-1, torch.tensor(comp.token_ids)[:, None])[:, 0]
     gap = float((ref - torch.tensor(comp.logprobs)).abs().max())
     dist.barrier()  # the trainer's group still works after both engines came up
-    print(json.dumps({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "world": dist.get_world_size(),
-                      "engine": where, "gap": gap}), flush=True)
+    row = {"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "world": dist.get_world_size(),
+           "engine": where, "gap": gap}
+    (Path(sys.argv[1]) / f"rank{rank}.json").write_text(json.dumps(row))
     engine.close()  # vLLM's teardown ends the default process group too
     if dist.is_initialized():
         dist.destroy_process_group()
