@@ -93,19 +93,46 @@ def write_slurm_script(cfg, run_dir: str) -> Path:
     return path
 
 
-def relaunch_under_torchrun(cfg, run_dir: str) -> int:
-    """Re-run this command under torchrun; rank 0's resolved run dir is passed to every rank."""
+def needs_torchrun(cfg) -> bool:
+    """Every GPU run and every multi-process CPU run trains under torchrun with a process group (cluster=1gpu
+    too: a group of one runs the same code as eight); cluster=cpu is one plain process."""
+    return cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 or cfg.cluster.device == "cuda"
+
+
+def torchrun_command(cfg, run_dir: str) -> list[str]:
+    """torchrun running this script with this job's overrides, every rank writing to ``run_dir``.
+
+    Built from Hydra's record of the job (its overrides), not from ``sys.argv``: under a Hydra launcher the
+    process is not ``python train.py ...`` (hydra-submitit-launcher runs ``python -m submitit.core._submit``,
+    a multirun job's argv holds the whole sweep). One node: ``--standalone`` (a free local port, so jobs
+    sharing a machine never collide); several: the rendezvous endpoint.
+    """
     c = cfg.cluster
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={c.nproc_per_node}",
            f"--nnodes={c.nnodes}", f"--max-restarts={c.max_restarts}"]
-    if c.nnodes > 1 or c.max_restarts > 0:
+    if c.nnodes > 1:
         cmd += [f"--rdzv-backend={c.rdzv_backend}", f"--rdzv-endpoint={c.rdzv_endpoint}", f"--rdzv-id={c.rdzv_id}"]
     else:
-        cmd += ["--master-port", c.rdzv_endpoint.rsplit(":", 1)[-1]]
-    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
-    cmd += [sys.argv[0], *args, f"hydra.run.dir={run_dir}"]
+        cmd += ["--standalone"]
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
+    quoted = "'" + str(run_dir).replace("\\", "\\\\").replace("'", "\\'") + "'"  # a sweep dir holds = and ,
+    return cmd + [str(Path(__file__).resolve()), *overrides, f"hydra.run.dir={quoted}"]
+
+
+def relaunch_under_torchrun(cfg, run_dir: str) -> int:
+    cmd = torchrun_command(cfg, run_dir)
     print(f"relaunching under torchrun: {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, cwd=os.getcwd())
+
+
+def final_score(run_dir: str, cfg) -> float | None:
+    """The last periodic eval's score on the first suite (what a relaunched job returns to a sweeper)."""
+    import json
+
+    reports = sorted(Path(run_dir, "eval").glob("step_*/report.json"), key=lambda p: int(p.parent.name[5:]))
+    if not reports or not cfg.trainer.eval_suites:
+        return None
+    return json.loads(reports[-1].read_text())["suites"][cfg.trainer.eval_suites[0]]["success_rate"]
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -140,11 +167,11 @@ def main(cfg: DictConfig) -> float | None:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     run_dir = HydraConfig.get().runtime.output_dir
-    if cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 and not D.under_torchrun():
+    if needs_torchrun(cfg) and not D.under_torchrun():
         rc = relaunch_under_torchrun(cfg, run_dir)
         if rc:
             sys.exit(rc)
-        return None
+        return final_score(run_dir, cfg)
     return train(cfg, run_dir)
 
 
@@ -153,20 +180,20 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
     from maze.evalsets import TrainSampler
     from maze.render import render_path
-    from models.build import load_policy
-    from models.distributed import full_state_dict, wrap_fsdp2
+    from models.build import DTYPES, load_policy
+    from models.distributed import stream_full_weights, wrap_fsdp2
     from models.engines.base import SamplingParams, derive_seed
     from rl import checkpoint as ckpt_io
     from rl.evaluation import evaluate_suites, model_player, write_report
-    from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
-    from rl.logprobs import gap_by_turn
+    from rl.grpo import group_advantages, kl_estimate, nonzero_std_groups
     from rl.rewards import episode_reward
     from rl.rollout import Conversation, EnvSettings, rollout
     from rl.sft import expert_trajectory
+    from rl.update import Scoring, StepBatch, accumulate, score as score_tokens
 
     # ---------------------------------------------------------------- ranks and seeds
-    if D.under_torchrun() and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend=cfg.cluster.backend)
+    if D.under_torchrun():
+        D.init(cfg.cluster.backend)
     rank, world = D.rank(), D.world_size()
     device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
     if device == "cuda":
@@ -182,7 +209,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     # ---------------------------------------------------------------- resume point
     start_ckpt = None
     if cfg.trainer.resume == "auto":
-        start_ckpt = ckpt_io.latest_valid(run_dir)
+        start_ckpt = ckpt_io.find_resume_point(run_dir)
     elif cfg.trainer.resume != "never":
         start_ckpt = Path(cfg.trainer.resume)
         problem = ckpt_io.verify(start_ckpt)
@@ -190,38 +217,51 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             raise SystemExit(f"trainer.resume={cfg.trainer.resume}: {problem}")
 
     # ---------------------------------------------------------------- model, reference, engine
+    # Precision: model.dtype is the compute dtype; the trainer's parameters and AdamW moments are fp32 (the
+    # master copy). FSDP2 (any world size under torchrun, cluster=1gpu included) casts each unit to the compute
+    # dtype for its forward and reduces gradients in fp32; one process or DDP runs its forwards under autocast.
+    compute_dtype = DTYPES[cfg.model.dtype]
+    fsdp = D.is_initialized() and cfg.cluster.parallel == "fsdp2"
     model_cfg = cfg.model.copy()
     if start_ckpt is not None:
-        model_cfg.path = str(start_ckpt / "policy")
-    policy, processor = load_policy(model_cfg, device)
-    if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    reference = None
-    if a.kl_coef > 0 and not sft:  # no reference model unless KL is on
-        reference, _ = load_policy(cfg.model, device)
-        reference.eval().requires_grad_(False)
-    fsdp = world > 1 and cfg.cluster.parallel == "fsdp2"
-    rollout_model = policy  # hf engine: the trainer's own module, or an unsharded copy under FSDP2
-    if fsdp:
-        import copy
-
-        rollout_model = copy.deepcopy(policy).eval().requires_grad_(False)
-        wrap_fsdp2(policy)  # vision tower, each decoder layer, root
-    if cfg.engine.name == "vllm":
+        model_cfg.path = str(start_ckpt / "policy")  # the structure; dcp/ then restores the fp32 masters
+    policy, processor = load_policy(model_cfg, device)  # in the compute dtype
+    engine_copy = None
+    if cfg.engine.name == "vllm":  # started from these weights (compute dtype, unsharded), before they change
         from models.engines.vllm import VLLMEngine
 
         engine = VLLMEngine.from_config(cfg, policy, processor)
-    else:
+    elif fsdp:  # the hf engine generates on an unsharded compute-dtype copy (FSDP2 forwards are collectives)
+        import copy
+
         from models.engines.hf import HFEngine
 
-        engine = HFEngine(rollout_model, processor, micro_batch=cfg.engine.micro_batch)
-    # vLLM and the hf engine's unsharded copy under FSDP2 need the new weights after each update; plain hf
-    # shares the trainer's module. The loop below does not branch on the engine.
-    push_weights = cfg.engine.name == "vllm" or rollout_model is not policy
+        engine_copy = copy.deepcopy(policy).eval().requires_grad_(False)
+        engine = HFEngine(engine_copy, processor, micro_batch=cfg.engine.micro_batch)
+    else:  # the hf engine shares the trainer's module (and its autocast)
+        from models.engines.hf import HFEngine
+
+        engine = HFEngine(policy, processor, micro_batch=cfg.engine.micro_batch, compute_dtype=compute_dtype)
+    policy.float()  # the fp32 master copy
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    if fsdp:
+        wrap_fsdp2(policy, compute_dtype)  # vision tower, each decoder layer, root; fp32 shards, bf16 compute
+    reference = None
+    if a.kl_coef > 0 and not sft:  # no reference model unless KL is on; compute dtype, sharded like the policy
+        reference, _ = load_policy(cfg.model, device)
+        reference.eval().requires_grad_(False)
+        if fsdp:
+            wrap_fsdp2(reference, compute_dtype)
+    # vLLM and the hf engine's copy need the new weights after each update (streamed, one tensor at a time);
+    # plain hf shares the trainer's module. The loop below does not branch on the engine.
+    push_weights = cfg.engine.name == "vllm" or engine_copy is not None
     env = EnvSettings.from_config(cfg.env)
     max_turns_any = max(env.turns_for(s) for s in (list(cfg.env.train_sizes) or [cfg.env.size]))
     eval_env = EnvSettings(**{**env.__dict__, "max_turns": cfg.trainer.eval_max_turns or cfg.env.max_turns})
     banned, pad_id, image_id = engine.banned_token_ids, engine.pad_id, policy.config.image_token_id
+    scoring = Scoring(pad_id, image_id, banned, 1.0 if sft else a.temperature, cfg.trainer.packing,
+                      share_images=not fsdp, compute_dtype=compute_dtype)
 
     # ---------------------------------------------------------------- data
     sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
@@ -256,15 +296,12 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     start_step, metrics_state = 0, {}
     if start_ckpt is not None:
-        state = ckpt_io.load_trainer_state(start_ckpt)
-        if "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
-        else:
-            log.warning("%s holds no optimizer state (FSDP2 run): AdamW moments restart from zero", start_ckpt)
+        state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)  # fp32 masters, AdamW moments, this rank's RNG
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
-        ckpt_io.set_rng_state(state["rng"], state["torch_rng"])
         start_step, metrics_state = int(state["step"]), state["metrics"]
+        if push_weights:  # the engine starts from the restored masters, exactly as the uninterrupted run's did
+            engine.update_weights(stream_full_weights(policy, compute_dtype))
         D.print0(f"resumed from {start_ckpt} at step {start_step}")
 
     writer = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=start_step) if D.is_main() else None
@@ -285,19 +322,15 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     signal.signal(signal.SIGINT, request_stop)
 
     def run_eval(step: int) -> float | None:
+        """Eval suites greedily, each rank playing its share of the mazes with its own engine (no rank waits on
+        another's episodes); rank 0 gathers the records and writes report.json, TensorBoard, transcripts."""
         if not cfg.trainer.eval_every or not cfg.trainer.eval_suites:
             return None
-        score = None
-        if D.is_main():
-            score = _eval_on_main(step)
-        D.barrier()
-        return score
-
-    def _eval_on_main(step: int) -> float:
-        """Eval suites greedily on rank 0; TensorBoard scalars, transcripts and path images."""
         t0 = time.time()
-        player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=True)
-        report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites))
+        player = model_player(engine, processor, eval_env, a.max_new_tokens, progress=D.is_main())
+        report, trajs = evaluate_suites(player, list(cfg.trainer.eval_suites), rank=rank, world=world)
+        if not D.is_main():
+            return None
         write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step, eval_env)
         for name, s in report["suites"].items():
             for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
@@ -320,16 +353,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         checksum = D.check_in_sync(policy)  # every rank must hold the same weights
         if world > 1:
             D.print0(f"ranks in sync at step {step}: parameter checksum {checksum:.6f}")
-        model_state, optim_state = None, optimizer.state_dict()
-        if fsdp:  # gather the full (unsharded) weights on every rank; rank 0 writes them
-            model_state = full_state_dict(policy)
-            optim_state = None  # known gap: sharded AdamW moments are not checkpointed under FSDP2 yet
-        if D.is_main():
-            path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optim_state, scheduler, sampler,
-                                           {"last_score": metrics_state.get("last_score")},
-                                           keep_last=cfg.trainer.keep_last, model_state=model_state)
-            D.print0(f"saved {path}")
-        D.barrier()
+        path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optimizer, scheduler, sampler,
+                                       {"last_score": metrics_state.get("last_score")},
+                                       keep_last=cfg.trainer.keep_last, export_dtype=compute_dtype)
+        D.print0(f"saved {path}")
 
     # ---------------------------------------------------------------- the loop
     score = run_eval(0) if start_step == 0 and cfg.trainer.eval_at_start else metrics_state.get("last_score")
@@ -343,7 +370,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             order = np.random.default_rng([cfg.trainer.seed, epoch]).permutation(len(expert))
             idx = order[k * a.sft_batch:(k + 1) * a.sft_batch][rank::world]
             trajs = [expert[i] for i in idx]
+            if faults.active("kill_last_rank", step + 1) and rank == world - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
         else:
+            if faults.active("kill_last_rank", step + 1) and rank == world - 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-run, between two checkpoints
             mazes = sampler.take(a.mazes_per_step)[rank::world]  # every rank draws, keeps its slice
             sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens,
                                       seed=derive_seed(cfg.trainer.seed, step, rank))
@@ -351,29 +382,30 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             trajs = rollout(engine, processor, mazes, a.group_size, env, sampling, progress=D.is_main())
         engine.sleep()  # vLLM on GPU: free the KV cache and weights while training (no-op elsewhere)
         t_rollout = time.time() - t0
+        n_real = len(trajs)
+        if not trajs:  # the last SFT batch has fewer rows than ranks: a zero-weight stand-in keeps the collectives
+            trajs = [expert[order[0]]]
 
         # 2. rewards and advantages (groups are whole on each rank)
         t0 = time.time()
-        rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs])  # (N,)
-        success = torch.tensor([float(t.success) for t in trajs])  # (N,)
+        rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs[:n_real]])  # (N,)
+        success = torch.tensor([float(t.success) for t in trajs[:n_real]])  # (N,)
         width_all = max(len(t.token_ids) for t in trajs)
         mask_all = torch.zeros((len(trajs), width_all), dtype=torch.float32)  # (N, T)
         rollout_lp = torch.zeros_like(mask_all)
-        for i, t in enumerate(trajs):
+        for i, t in enumerate(trajs[:n_real]):
             mask_all[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
             rollout_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
 
-        all_rows = list(range(len(trajs)))
+        all_rows = list(range(n_real))
         old_lp = ref_lp = None
         multi_update = not sft and (a.ppo_epochs > 1 or a.minibatches > 1)
         # on-policy with one update: the update's own forward gives the old logprobs (no extra pass)
         if multi_update or (reference is not None and a.kl_in == "reward"):
             policy.eval()
-            old_lp = _score(policy, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
-                            cfg.trainer.packing, not fsdp)
+            old_lp = score_tokens(policy, trajs, all_rows, a.micro_batch, scoring)
         if reference is not None:
-            ref_lp = _score(reference, trajs, all_rows, a.micro_batch, pad_id, image_id, banned, a.temperature,
-                            cfg.trainer.packing, not fsdp)
+            ref_lp = score_tokens(reference, trajs, all_rows, a.micro_batch, scoring)
         if ref_lp is not None and a.kl_in == "reward":
             kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
             rewards = rewards - a.kl_coef * kl_seq
@@ -384,12 +416,20 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
             if faults.active("flip_advantage", step + 1):
                 advantages = -advantages
+            if faults.active("uniform_rewards_last_rank", step + 1) and rank == world - 1 and world > 1:
+                rewards = torch.zeros_like(rewards)  # this rank's groups all lose their variance (DAPO test)
             keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(trajs),
                                                                                                   dtype=torch.bool)
         kept = [i for i in all_rows if keep[i]]
+        if a.filter_zero_std and world > 1:
+            per_rank = D.all_gather_objects(len(kept) // a.group_size)
+            if len(set(per_rank)) > 1:
+                D.print0(f"step {step + 1}: groups kept per rank {per_rank} (the shorter ranks run zero-weight "
+                         "micro-batches)")
+        batch = StepBatch(trajs, mask_all, rollout_lp, advantages, old_lp if multi_update else None, ref_lp)
         t_score = time.time() - t0
 
-        # 3. updates: ppo epochs x minibatches, micro-batched, global normalisers
+        # 3. updates: ppo epochs x minibatches, micro-batched, global normalisers (rl/update.py)
         t0 = time.time()
         policy.train()
         stats = {"pg": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0,
@@ -402,56 +442,22 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                                               np.random.default_rng([step, epoch_i]).permutation(len(kept))]
             chunks = [perm[j::a.minibatches] for j in range(a.minibatches)] if not sft else [perm]
             for chunk in chunks:
-                g_tokens = D.all_reduce_sum(float(mask_all[chunk].sum()))
-                g_seqs = D.all_reduce_sum(float(len(chunk)))
                 optimizer.zero_grad(set_to_none=True)
-                for lo in range(0, max(len(chunk), 1), a.micro_batch):
-                    sel = chunk[lo:lo + a.micro_batch]
-                    if not sel:
-                        continue
-                    lp, ent = _logprobs(policy, trajs, sel, pad_id, image_id, banned, 1.0 if sft else a.temperature,
-                                        with_entropy=True, packing=cfg.trainer.packing, share_images=not fsdp)
-                    width = lp.shape[1]
-                    m = mask_all[sel, :width]  # (n, T)
-                    if epoch_i == 0 and not sft:  # SFT data has no engine logprobs
-                        gap_turns += torch.stack(gap_by_turn(lp, rollout_lp[sel, :width], m, max_turns_any))
-                    if sft:
-                        loss = -(lp * m).sum() / max(g_tokens, 1.0)
-                        stats["pg"] += loss.item()
-                    else:
-                        old = old_lp[sel, :width] if multi_update else lp.detach()
-                        out = policy_loss(lp, old, advantages[sel], m, a.clip_low, a.clip_high, a.ratio_level,
-                                          rollout_lp[sel, :width], a.tis_cap)
-                        loss = aggregate(out.loss_per_token, m, a.loss_agg, g_tokens, g_seqs, a.norm_len)
-                        stats["pg"] += loss.item()
-                        if ref_lp is not None and a.kl_in == "loss":
-                            kl = aggregate(kl_estimate(lp, ref_lp[sel, :width], a.kl_estimator), m, a.loss_agg,
-                                           g_tokens, g_seqs, a.norm_len)
-                            loss = loss + a.kl_coef * kl
-                            stats["kl"] += kl.item()
-                        ent_term = aggregate(ent, m, a.loss_agg, g_tokens, g_seqs, a.norm_len)
-                        if a.entropy_coef:
-                            loss = loss - a.entropy_coef * ent_term
-                        stats["entropy"] += ent_term.item()
-                        stats["clip_frac"] += float(out.clipped.sum()) / max(g_tokens, 1.0)
-                        stats["ratio_mean"] += float((out.ratio * m).sum()) / max(g_tokens, 1.0)
-                        stats["ratio_max"] = max(stats["ratio_max"], float((out.ratio * m).max()))
-                        stats["tis_mean"] += float((out.tis_weight * m).sum()) / max(g_tokens, 1.0)
-                    if faults.active("nan_loss", step + 1):
-                        loss = loss * float("nan")
-                    if cfg.cluster.parallel == "fsdp2" and world > 1:
-                        loss = loss * world  # FSDP2 averages gradients over ranks; losses are global sums
-                    loss.backward()
-                    stats["loss"] += loss.item()
-                if cfg.cluster.parallel == "ddp":
-                    D.all_reduce_grads(policy)
+                out = accumulate(policy, batch, chunk, a, scoring, sft=sft, sharded=fsdp,
+                                 ddp=cfg.cluster.parallel == "ddp" and world > 1,
+                                 gap_turns=gap_turns if epoch_i == 0 and not sft else None,
+                                 nan_fault=faults.active("nan_loss", step + 1))
+                for key, v in out.items():
+                    stats[key] = max(stats[key], v) if key == "ratio_max" else stats[key] + v
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.grad_clip)
-                if not torch.isfinite(grad_norm) or not math.isfinite(stats["loss"]):
+                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+                # the same decision on every rank (the norm is global; a local non-finite loss is not)
+                if D.all_reduce_max(float(not (math.isfinite(grad_norm) and math.isfinite(out["loss"])))):
                     optimizer.zero_grad(set_to_none=True)
                     skipped = True
                     continue
                 optimizer.step()
-                stats["grad_norm"] += float(grad_norm)
+                stats["grad_norm"] += grad_norm
                 n_updates += 1
         scheduler.step()
         t_update = time.time() - t0
@@ -462,20 +468,20 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             raise SystemExit(f"stopping: {nonfinite_in_row} steps in a row had a non-finite loss or gradient "
                              f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps})")
 
-        # 4. weight sync: the engine gets the new full weights (every rank needs them) unless it shares the module
+        # 4. weight sync: the engine gets the new weights, streamed one tensor at a time, in the compute dtype
         if push_weights:
-            engine.update_weights(full_state_dict(policy, cpu_offload=False) if fsdp else policy.state_dict())
+            engine.update_weights(stream_full_weights(policy, compute_dtype))
 
         # 5. log
         step_done = step + 1
         local = {
-            "success": float(success.sum()), "reward": float(rewards.sum()), "n": float(len(trajs)),
-            "turns": float(sum(t.num_turns for t in trajs)),
-            "bumps": float(sum(t.final_info.get("bumps", 0) for t in trajs)),
-            "revisits": float(sum(t.final_info.get("revisits", 0) for t in trajs)),
-            "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
+            "success": float(success.sum()), "reward": float(rewards.sum()), "n": float(n_real),
+            "turns": float(sum(t.num_turns for t in trajs[:n_real])),
+            "bumps": float(sum(t.final_info.get("bumps", 0) for t in trajs[:n_real])),
+            "revisits": float(sum(t.final_info.get("revisits", 0) for t in trajs[:n_real])),
+            "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs[:n_real])),
             "resp_tokens": float(mask_all.sum()), "kept": float(len(kept)),
-            "tokens": float(sum(len(t.token_ids) for t in trajs)),
+            "tokens": float(sum(len(t.token_ids) for t in trajs[:n_real])),
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
@@ -527,33 +533,17 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     if writer is not None:
         writer.close()
     engine.close()  # first: vLLM's teardown also ends the default process group
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    D.destroy()
     return score
 
 
-def _logprobs(model, trajs, sel, pad_id, image_id, banned, temperature, with_entropy=False, packing=False,
-              share_images=True):
-    """Per-token logprobs (and entropy) of trajectories ``sel`` (``rl.packing.sequence_logprobs``), on the CPU
-    where the masks and advantages are (differentiable copies on GPU; no-ops on CPU)."""
-    from rl.packing import sequence_logprobs
-
-    out = sequence_logprobs(model, [trajs[i].token_ids for i in sel], [trajs[i].images for i in sel], pad_id,
-                            image_id, banned, temperature, with_entropy, packing, share_images)
-    return tuple(o.cpu() for o in out) if with_entropy else out.cpu()
-
-
-@torch.no_grad()
-def _score(model, trajs, rows, micro_batch, pad_id, image_id, banned, temperature, packing=False,
-           share_images=True) -> torch.Tensor:
-    """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad."""
-    width = max(len(trajs[i].token_ids) for i in rows)
-    chunks = []
-    for lo in range(0, len(rows), micro_batch):
-        lp = _logprobs(model, trajs, rows[lo:lo + micro_batch], pad_id, image_id, banned, temperature,
-                       packing=packing, share_images=share_images)
-        chunks.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
-    return torch.cat(chunks, dim=0)
-
 if __name__ == "__main__":
-    main()
+    # Run the importable module's ``main``, not ``__main__``'s: a Hydra launcher that ships the task function to
+    # another process (hydra-submitit-launcher, with cloudpickle) then sends a reference to ``train.main`` instead
+    # of this module's globals by value (some of torch's are not picklable). Its jobs import ``train`` from here.
+    ROOT = str(Path(__file__).resolve().parent)
+    sys.path.insert(0, ROOT)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    import train
+
+    train.main()

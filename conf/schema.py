@@ -174,7 +174,21 @@ GROUPS = {"model": ModelConfig, "env": EnvConfig, "algo": AlgoConfig, "reward": 
           "engine": EngineConfig, "cluster": ClusterConfig}
 
 
+def short_name(text: str, limit: int = 120) -> str:
+    """A file-name-safe length for a sweep job's dir name: long override lists keep their start and a hash."""
+    import hashlib
+
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 9]}~{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
 def register() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("vlmaze_short"):
+        OmegaConf.register_new_resolver("vlmaze_short", short_name)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in GROUPS.items():
@@ -262,6 +276,9 @@ def validate(cfg) -> None:
     if cfg.algo.mazes_per_step % world:
         raise ConfigError(f"algo.mazes_per_step={cfg.algo.mazes_per_step} is not divisible by the world "
                           f"size {world} (cluster.nproc_per_node x cluster.nnodes)")
+    if cfg.algo.name == "sft" and cfg.algo.sft_batch < world:
+        raise ConfigError(f"algo.sft_batch={cfg.algo.sft_batch} is smaller than the world size {world}: some ranks "
+                          "would train on nothing in every step; use algo.sft_batch >= the number of processes")
     if cfg.cluster.device == "cpu" and cfg.cluster.backend == "nccl":
         raise ConfigError("cluster.backend=nccl needs cluster.device=cuda")
     if cfg.engine.name == "vllm" and cfg.model.dtype == "float32" and cfg.cluster.device == "cuda":

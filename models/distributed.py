@@ -1,26 +1,74 @@
-"""FSDP2 for the VLM: shard units and the full weights an unsharded engine copy needs.
+"""FSDP2 and mixed precision for the VLM; the streamed weight sync an engine copy needs.
 
-Units: the vision tower, each text decoder layer, then the root. Rollouts do not run on the
-sharded module: ranks run different numbers of forwards (episodes end at different turns), and
-every FSDP2 forward is a collective, so they would deadlock. The hf engine instead holds an
-unsharded copy that receives the full weights after each optimizer step (the same weight-sync
-step a vLLM engine takes).
+Precision (every parallel mode): the trainer's parameters and AdamW moments are fp32 (the master copy);
+``model.dtype`` is the *compute* dtype. Under FSDP2 that is ``MixedPrecisionPolicy(param_dtype=compute,
+reduce_dtype=float32)``: each unit's fp32 shard is all-gathered and cast to bf16 for its forward and
+backward, and gradients are reduce-scattered in fp32 onto the fp32 shards. Without FSDP2 (one process, or
+DDP) the same intent is ``torch.autocast(compute)`` around the trainer's forwards (``compute_context``).
+
+Units: the vision tower, each text decoder layer, then the root. Rollouts do not run on the sharded
+module: ranks run different numbers of forwards (episodes end at different turns), and every FSDP2
+forward is a collective, so they would deadlock. The hf engine instead holds an unsharded copy that
+receives the full weights after each optimizer step (the step a vLLM engine takes too); with vLLM there
+is no copy. The weights travel one tensor at a time (``stream_full_weights``): no rank ever holds the full
+gathered state besides the engine's own copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 
-def wrap_fsdp2(policy) -> None:
+import torch
+
+
+def mixed_precision_policy(compute_dtype: torch.dtype):
+    """fp32 shards and gradient reduction, ``compute_dtype`` for the forward/backward."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+
+
+def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True) -> None:
+    """Shard ``model`` in place (vision tower, each decoder layer, root) with the mixed-precision policy."""
     from torch.distributed.fsdp import fully_shard
 
-    fully_shard(policy.model.visual)
-    for layer in policy.model.language_model.layers:
-        fully_shard(layer)
-    fully_shard(policy)
+    mp = mixed_precision_policy(compute_dtype)
+    fully_shard(model.model.visual, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def compute_context(model, compute_dtype: torch.dtype):
+    """The trainer forward's precision context: FSDP2 casts by itself; an unsharded fp32 model under a
+    lower compute dtype runs under autocast; fp32 compute runs as is."""
+    if compute_dtype == torch.float32 or is_sharded(model):
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=compute_dtype)
+
+
+def stream_full_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` for every entry of the state dict, one at a time (a collective per sharded
+    tensor: every rank iterates in the same order). Shards are cast to ``dtype`` before the all-gather, so
+    the gather moves and holds compute-dtype bytes."""
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
 def full_state_dict(policy, cpu_offload: bool = True) -> dict:
-    """Gather the unsharded weights (a collective: every rank calls it)."""
+    """Gather the unsharded weights (a collective: every rank calls it; with ``cpu_offload`` only rank 0
+    receives them, on the CPU)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))

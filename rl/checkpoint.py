@@ -1,15 +1,19 @@
-"""Atomic, verifiable checkpoints: ``<run dir>/checkpoints/step_<N>/``.
+"""Atomic, verifiable checkpoints: ``<run dir>/checkpoints/step_<N>/``, one code path for 1 process, DDP and FSDP2.
 
 Layout of one checkpoint:
-    policy/            save_pretrained (safetensors) + processor: loadable by transformers and vLLM
-    trainer_state.pt   optimizer, scheduler, step, sampler position, torch RNG (weights_only-safe)
-    rng.json           python and numpy RNG states
-    metrics.json       anything the loop wants back on resume (e.g. TensorBoard step)
-    manifest.json      sha256 and size of every file above; written last
+    dcp/               torch.distributed.checkpoint: the fp32 master weights and the AdamW moments, each rank
+                       writing its own shards (``__<rank>_0.distcp``) and rank 0 the ``.metadata``; loads back
+                       into any world size (DCP reshards)
+    policy/            save_pretrained (safetensors, in model.dtype) + processor: loadable by transformers,
+                       evaluate.py and vLLM (gathered to rank 0, which writes it)
+    rng/rank_<r>.json  each rank's python, numpy, torch (and CUDA) generator states
+    trainer_state.pt   scheduler, step, sampler position, world size (weights_only-safe)
+    metrics.json       anything the loop wants back on resume (e.g. the last eval score)
+    manifest.json      sha256 and size of every file above; written last, by rank 0
 
-It is written to ``.tmp_step_<N>`` and renamed into place after an fsync, so a crash never leaves
-a half-written ``step_<N>``. Loading verifies the manifest; a corrupt checkpoint is reported in one
-line and the previous good one is used.
+Every rank writes into ``.tmp_step_<N>``; after a barrier rank 0 writes the manifest, fsyncs and renames it
+into place, so a crash never leaves a half-written ``step_<N>``. Loading verifies the manifest on rank 0
+and broadcasts the choice; a corrupt checkpoint is reported in one line and the previous good one is used.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rl import dist as D
 from rl import faults
 
 log = logging.getLogger(__name__)
@@ -46,69 +51,125 @@ def _fsync_tree(root: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    for d in sorted({p.parent for p in root.rglob("*")} | {root}):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def rng_state() -> dict:
+    """This process's generator states (JSON-safe)."""
     np_state = np.random.get_state()
-    return {"python": repr(random.getstate()),
-            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
+    state = {"python": repr(random.getstate()), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+             "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state().tolist()
+    return state
 
 
-def set_rng_state(state: dict, torch_state: torch.Tensor | None) -> None:
+def set_rng_state(state: dict) -> None:
     import ast
 
     random.setstate(ast.literal_eval(state["python"]))
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
-    if torch_state is not None:
-        torch.set_rng_state(torch_state)
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, processor, optimizer_state: dict | None = None,
-                    scheduler=None, sampler=None, metrics: dict | None = None, keep_last: int = 0,
-                    model_state: dict | None = None) -> Path:
-    """Write ``checkpoints/step_<step>`` atomically; prune to the newest ``keep_last`` (0 = keep all).
+def _dcp(fn, state: dict, path: Path) -> None:
+    """``dcp.save``/``dcp.load`` (one process: without a group, as DCP itself assumes, minus its warning)."""
+    import warnings
 
-    ``model_state``: a full state dict to save instead of ``model.state_dict()`` (FSDP2 gathers one).
-    """
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final, tmp = root / f"step_{step}", root / f".tmp_step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=model_state)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to .* in a single process")
+        fn(state, checkpoint_id=str(path))
+
+
+def _sharded_state(policy, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(policy, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer=None, scheduler=None, sampler=None,
+                    metrics: dict | None = None, keep_last: int = 0, export_dtype: torch.dtype | None = None) -> Path:
+    """Write ``checkpoints/step_<step>`` atomically (every rank calls it: a collective); prune to the newest
+    ``keep_last`` (0 = keep all). Without ``optimizer`` only the HF export and RNG are written (an export)."""
+    import torch.distributed.checkpoint as dcp
+
+    from models.distributed import full_state_dict
     from models.tiny import save_processor
 
-    save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
-    state = {"step": step, "torch_rng": torch.get_rng_state()}
-    if optimizer_state is not None:
-        state["optimizer"] = optimizer_state
-    if scheduler is not None:
-        state["scheduler"] = scheduler.state_dict()
-    if sampler is not None:
-        state["sampler"] = sampler.state_dict()
-    if faults.active("kill_in_save", step):
-        os.kill(os.getpid(), signal.SIGKILL)  # half-written: policy/ exists, the rest does not
-    torch.save(state, tmp / "trainer_state.pt")
-    (tmp / "rng.json").write_text(json.dumps(rng_state()))
-    (tmp / "metrics.json").write_text(json.dumps(metrics or {}))
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {"step": step, "files": {str(p.relative_to(tmp)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
-                                        for p in files}}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    if keep_last > 0:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+    root = Path(run_dir) / "checkpoints"
+    final, tmp = root / f"step_{step}", root / f".tmp_step_{step}"
+    if D.is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "rng").mkdir(parents=True)
+    D.barrier()
+    if optimizer is not None:
+        _dcp(dcp.save, _sharded_state(policy, optimizer), tmp / "dcp")
+    (tmp / "rng" / f"rank_{D.rank()}.json").write_text(json.dumps(rng_state()))
+    export = full_state_dict(policy, cpu_offload=True) if D.world_size() > 1 else policy.state_dict()
+    if D.is_main():
+        if export_dtype is not None:
+            export = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in export.items()}
+        policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export)
+        save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
+    del export
+    D.barrier()
+    if D.is_main():
+        state = {"step": step, "world_size": D.world_size()}
+        if scheduler is not None:
+            state["scheduler"] = scheduler.state_dict()
+        if sampler is not None:
+            state["sampler"] = sampler.state_dict()
+        if faults.active("kill_in_save", step):
+            os.kill(os.getpid(), signal.SIGKILL)  # half-written: policy/ and dcp/ exist, the rest does not
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "metrics.json").write_text(json.dumps(metrics or {}))
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {"step": step, "files": {str(p.relative_to(tmp)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+                                            for p in files}}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep_last > 0:
+            for old in list_checkpoints(run_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    D.barrier()
     return final
+
+
+def load_checkpoint(ckpt: Path, policy, optimizer) -> dict:
+    """Load a checkpoint into the (possibly sharded) ``policy`` and ``optimizer`` and this rank's RNG; returns
+    the trainer state (step, scheduler, sampler, metrics). Every rank calls it (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = load_trainer_state(ckpt)
+    if (ckpt / "dcp").is_dir():
+        sd = _sharded_state(policy, optimizer)
+        _dcp(dcp.load, sd, ckpt / "dcp")
+        set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    else:
+        log.warning("%s holds no dcp/ (an export, or written before sharded checkpoints): weights from its "
+                    "policy/, AdamW moments restart from zero", ckpt)
+    saved_world = int(state.get("world_size", 1))
+    rng_file = ckpt / "rng" / f"rank_{D.rank()}.json"
+    if saved_world != D.world_size():
+        log.warning("%s was written by %d rank(s), this run has %d: weights and optimizer reshard exactly, the "
+                    "random streams restart from the seed", ckpt, saved_world, D.world_size())
+    elif rng_file.is_file():
+        set_rng_state(json.loads(rng_file.read_text()))
+    return state
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -151,8 +212,14 @@ def latest_valid(run_dir: str | Path) -> Path | None:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    """Optimizer/scheduler/sampler/RNG state (weights_only: no pickled code is executed)."""
+    """Scheduler/sampler/step state and metrics (weights_only: no pickled code is executed)."""
     state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
-    state["rng"] = json.loads((ckpt / "rng.json").read_text())
     state["metrics"] = json.loads((ckpt / "metrics.json").read_text())
     return state
+
+
+def find_resume_point(run_dir: str | Path) -> Path | None:
+    """``latest_valid`` on rank 0 (hashing every file once, not once per rank), broadcast to every rank."""
+    found = latest_valid(run_dir) if D.is_main() else None
+    found = D.broadcast_object(str(found) if found is not None else None)
+    return Path(found) if found is not None else None

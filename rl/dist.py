@@ -1,4 +1,10 @@
-"""A few rank helpers (not a framework)."""
+"""A few rank helpers (not a framework).
+
+Every collective here puts its buffer on the process group's device: NCCL reduces CUDA tensors only
+(a CPU tensor fails at the first call), gloo CPU tensors. ``collective_device`` is the one place that
+decides, from the group's backend and ``LOCAL_RANK``; results come back as Python numbers or CPU
+tensors, wherever the collective ran.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,20 @@ import os
 
 import torch
 import torch.distributed as dist
+
+
+def init(backend: str) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+
+
+def is_initialized() -> bool:
+    return dist.is_initialized()
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world_size() -> int:
@@ -29,30 +49,69 @@ def under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def device_for_backend(backend: str, local_rank: int) -> torch.device:
+    """Where a collective's tensors must live: ``cuda:LOCAL_RANK`` for NCCL, the CPU for gloo."""
+    return torch.device("cuda", local_rank) if str(backend).lower() == "nccl" else torch.device("cpu")
+
+
+def collective_device() -> torch.device:
+    """The default process group's device (the CPU when there is no group)."""
+    if not dist.is_initialized():
+        return torch.device("cpu")
+    return device_for_backend(dist.get_backend(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def _reduce(values: torch.Tensor, op) -> torch.Tensor:
+    out = values.detach().to(collective_device(), torch.float64, copy=True)
+    dist.all_reduce(out, op=op)
+    return out.cpu()
+
+
 def all_reduce_sum(value: float) -> float:
     if not dist.is_initialized():
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t.item())
+    return float(_reduce(torch.tensor([float(value)]), dist.ReduceOp.SUM)[0])
+
+
+def all_reduce_max(value: float) -> float:
+    if not dist.is_initialized():
+        return float(value)
+    return float(_reduce(torch.tensor([float(value)]), dist.ReduceOp.MAX)[0])
 
 
 def all_reduce_sums(values: torch.Tensor) -> torch.Tensor:
-    """Element-wise sum of a float64 vector over ranks, in one collective."""
+    """Element-wise float64 sum of a tensor over ranks, in one collective (returned on the CPU)."""
     if not dist.is_initialized():
-        return values
-    out = values.clone()
-    dist.all_reduce(out)
-    return out
+        return values.double()
+    return _reduce(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_grads(model) -> None:
-    """Sum gradients over ranks (losses are already normalised by global counts)."""
+    """Sum gradients over ranks (losses are already normalised by global counts). The gradients live on
+    the model's device, which is the group's device (the trainer runs where its backend reduces)."""
     if not dist.is_initialized():
         return
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's ``obj`` in rank order (pickled; the group's device carries the bytes)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def barrier() -> None:
@@ -61,20 +120,18 @@ def barrier() -> None:
 
 
 def params_checksum(model) -> float:
-    """A float64 fingerprint of the full parameters (FSDP2 shards are gathered first)."""
+    """A float64 fingerprint of the full parameters (FSDP2 shards are gathered first, one at a time)."""
     total = torch.zeros((), dtype=torch.float64)
     for k, p in enumerate(model.parameters()):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        total += full.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum()
+        total += full.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum().cpu()
     return float(total)
 
 
 def check_in_sync(model) -> float:
     """Raise if the ranks' weights differ; returns the checksum."""
     value = params_checksum(model)
-    if dist.is_initialized():
-        values = [None] * dist.get_world_size()
-        dist.all_gather_object(values, value)
-        if max(values) - min(values) > 1e-6 * max(1.0, abs(value)):
-            raise RuntimeError(f"ranks out of sync: parameter checksums {values}")
+    values = all_gather_objects(value)
+    if max(values) - min(values) > 1e-6 * max(1.0, abs(value)):
+        raise RuntimeError(f"ranks out of sync: parameter checksums {values}")
     return value

@@ -109,14 +109,25 @@ def model_player(engine, processor, env: EnvSettings, max_new_tokens: int, tempe
     return play
 
 
-def evaluate_suites(player: Player, suites: list[str], samples: int = 1) -> tuple[dict, list[Trajectory]]:
-    """Play every maze of every suite. Returns (report without checkpoint/step, trajectories)."""
+def evaluate_suites(player: Player, suites: list[str], samples: int = 1, rank: int = 0,
+                    world: int = 1) -> tuple[dict, list[Trajectory]]:
+    """Play every maze of every suite. Returns (report without checkpoint/step, trajectories).
+
+    With ``world`` > 1 (every rank calls it: a collective) each rank plays mazes ``rank::world`` and the
+    records are gathered in suite order, so every rank returns the report a single process would write;
+    the trajectories returned are this rank's own (rank 0's begin with each suite's first maze).
+    """
+    from rl import dist as D
+
     report = {"suites": {}, "episodes": []}
     all_trajs = []
     for name in suites:
         suite = load_suite(name)
-        trajs = player(list(suite.mazes), samples)
-        records = [episode_record(name, t, k % samples) for k, t in enumerate(trajs)]
+        mine = list(range(len(suite.mazes)))[rank::world]
+        trajs = player([suite.mazes[i] for i in mine], samples) if mine else []
+        local = [(mine[k // samples], k % samples, episode_record(name, t, k % samples)) for k, t in enumerate(trajs)]
+        parts = D.all_gather_objects(local) if world > 1 else [local]
+        records = [r for _, _, r in sorted((x for part in parts for x in part), key=lambda x: (x[0], x[1]))]
         report["suites"][name] = summarize(records, samples)
         report["episodes"].extend(records)
         all_trajs.extend(trajs)

@@ -8,7 +8,10 @@ model between generate calls, so it is reset before each scoring forward.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.utils.checkpoint
 
 from models.engines.base import ImageInput
 
@@ -75,6 +78,98 @@ def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: floa
     return logits
 
 
+LOGPROB_CHUNK = 1024  # positions per chunk of the trainer's vocabulary projection
+
+
+def _chunk_scores(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, banned: torch.Tensor | None,
+                  temperature: float, with_entropy: bool) -> torch.Tensor:
+    """hidden (n, H), weight (V, H), targets (n,) -> (n, 2): logprob of each target and the entropy of the
+    sampling distribution (banned removed, / temperature), in fp32. The (n, V) logits live only here."""
+    logits = torch.nn.functional.linear(hidden, weight).float()  # (n, V)
+    if banned is not None:
+        logits = logits.index_fill(-1, banned, float("-inf"))
+    if temperature > 0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)  # (n,)
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        ent = logz - (probs * logits.masked_fill(probs == 0, 0.0)).sum(-1)
+    else:
+        ent = torch.zeros_like(lp)
+    return torch.stack([lp, ent], dim=-1)
+
+
+class LogprobHead(torch.nn.Linear):
+    """The model's ``lm_head`` (same weight, same state-dict key) that can score instead of emitting logits.
+
+    Outside ``scoring`` it is the plain linear layer (generate, vLLM export). Inside, its output for
+    hidden states (B, T, H) is (B, T, 2): the fp32 logprob of ``targets[b, t]`` and the entropy at each
+    position, computed ``LOGPROB_CHUNK`` positions at a time under activation checkpointing, so no
+    full-vocabulary tensor is kept for backward (at Qwen3-VL's 151,936 entries a kept fp32 logits +
+    log-softmax + probabilities cost 1.8 MB a token; here only the hidden states are kept and one chunk's
+    logits are rebuilt in backward). Running inside the model's forward keeps FSDP2's handling of the root
+    unit (the head's weight is gathered with it and its gradient reduce-scattered with it).
+    """
+
+    _score: tuple | None = None
+
+    @contextlib.contextmanager
+    def scoring(self, targets: torch.Tensor, banned_ids: list[int], temperature: float, with_entropy: bool):
+        banned = torch.tensor(banned_ids, device=targets.device) if banned_ids else None
+        self._score = (targets, banned, temperature, with_entropy)
+        try:
+            yield
+        finally:
+            self._score = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._score is None:
+            return super().forward(hidden)
+        targets, banned, temperature, with_entropy = self._score
+        b, t, h = hidden.shape
+        flat_h, flat_t = hidden.reshape(b * t, h), targets.reshape(b * t).to(hidden.device)
+        if banned is not None:
+            banned = banned.to(hidden.device)
+        out = []
+        for lo in range(0, b * t, LOGPROB_CHUNK):
+            args = (flat_h[lo:lo + LOGPROB_CHUNK], self.weight, flat_t[lo:lo + LOGPROB_CHUNK], banned, temperature,
+                    with_entropy)
+            if torch.is_grad_enabled():
+                out.append(torch.utils.checkpoint.checkpoint(_chunk_scores, *args, use_reentrant=False))
+            else:
+                out.append(_chunk_scores(*args))
+        return torch.cat(out, dim=0).view(b, t, 2).clone()  # not a view: FSDP2 hooks the root forward's outputs
+
+
+def logprob_head(model) -> LogprobHead:
+    """The model's ``lm_head`` as a ``LogprobHead`` (converted in place the first time: same module, same
+    parameter, so optimizer, FSDP2 units and checkpoints are unaffected)."""
+    head = model.lm_head
+    if not isinstance(head, LogprobHead):
+        if type(head) is not torch.nn.Linear or head.bias is not None:
+            raise TypeError(f"lm_head is {type(head).__name__}; the scorer expects a bias-free nn.Linear")
+        head.__class__ = LogprobHead
+    return head
+
+
+def scored_forward(model, batch: dict[str, torch.Tensor], banned_ids: list[int], temperature: float,
+                   with_entropy: bool):
+    """Run ``model(**batch)`` with the head scoring each next token. Returns logprobs (B, T) with column 0
+    set to 0 (no prefix) and banned/pad targets 0, and the entropy (B, T) (column 0 = 0) or None."""
+    ids = batch["input_ids"]
+    targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))  # position t predicts token t + 1
+    head = logprob_head(model)
+    with head.scoring(targets, banned_ids, temperature, with_entropy):
+        scores = model(**batch, use_cache=False).logits[:, :-1].float()  # (B, T-1, 2)
+    logp = scores[..., 0]
+    # prompt/pad positions may hold banned ids (image pads): -inf there, never trained on
+    logp = torch.nn.functional.pad(torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp)), (1, 0))
+    if not with_entropy:
+        return logp, None
+    return logp, torch.nn.functional.pad(scores[..., 1], (1, 0))
+
+
 def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int], temperature: float,
                    with_entropy: bool = False, images: list[ImageInput] | None = None):
     """Logprob of every token given its prefix.
@@ -83,6 +178,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     (B, T) of the sampling distribution at each predicted position (column 0 = 0). With
     ``images`` (the batch's image occurrences in order) each distinct image is encoded once
     (``shared_image_features``) instead of once per occurrence from ``pixel_values``.
+    The vocabulary projection runs in chunks (``LogprobHead``).
     """
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None  # stale state from a previous generate
@@ -90,19 +186,8 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     if images:
         batch.pop("pixel_values", None)
         batch["mm_encoder_outputs"] = shared_image_features(model, images)
-    out = model(**batch, use_cache=False)
-    logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (B, T-1, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    target = batch["input_ids"][:, 1:].unsqueeze(-1)
-    logp = logp_all.gather(-1, target).squeeze(-1)  # (B, T-1)
-    # prompt/pad positions may hold banned ids (image pads): -inf there, never trained on
-    logp = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
-    logp = torch.nn.functional.pad(logp, (1, 0))
-    if not with_entropy:
-        return logp
-    probs = logp_all.exp()
-    ent = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
-    return logp, torch.nn.functional.pad(ent, (1, 0))
+    logp, ent = scored_forward(model, batch, banned_ids, temperature, with_entropy)
+    return (logp, ent) if with_entropy else logp
 
 
 def turn_index(mask: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import collate, masked_logits, shared_image_features, to_model, token_logprobs
+from rl.logprobs import collate, scored_forward, shared_image_features, to_model, token_logprobs
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -102,14 +102,9 @@ def packed_token_logprobs(model, sequences: list[list[int]], images: list[list],
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None
     batch = to_model(model, batch)
-    out = model(**batch, use_cache=False)  # no attention_mask: block-diagonal causal from the positions
-    logits = masked_logits(out.logits[:, :-1], banned_ids, temperature)  # (R, W-1, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    tok = logp_all.gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)  # (R, W-1)
-    tok = torch.where(torch.isfinite(tok), tok, torch.zeros_like(tok))
-    if with_entropy:
-        probs = logp_all.exp()
-        ent_all = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
+    # no attention_mask: block-diagonal causal from the positions; the head scores in chunks
+    tok, ent_all = scored_forward(model, batch, banned_ids, temperature, with_entropy)  # (R, W), column 0 = 0
+    tok, ent_all = tok[:, 1:], (ent_all[:, 1:] if with_entropy else None)  # position p predicts token p + 1
     width = max(n for _, _, n in place)
     lp = tok.new_zeros((len(sequences), width))
     ent = tok.new_zeros((len(sequences), width)) if with_entropy else None

@@ -1,4 +1,5 @@
-"""torchrun, 2 gloo processes: DDP and FSDP2 train, stay in sync, and checkpoint full HF weights."""
+"""torchrun, 2 gloo processes: DDP and FSDP2 train, stay in sync, checkpoint (DCP shards + HF export), resume
+exactly after a SIGKILL, survive uneven work, reduce in fp32 under bf16 compute, and run under submitit."""
 
 import os
 import re
@@ -33,3 +34,131 @@ def test_two_rank_training_ends_with_equal_weights(tmp_path, parallel, port):
     from rl.dist import params_checksum
 
     assert abs(params_checksum(model) - sums[1]) < 1e-6 * abs(sums[1])
+
+
+# ---------------------------------------------------------------- the GPU path's defects, shown on gloo
+
+TINY = ["reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2", "algo.group_size=2",
+        "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0", "trainer.keep_last=0"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _fsdp_step(out, nproc, *args):
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           str(ROOT / "tests/scripts/fsdp_step.py"), "--out", str(out), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def test_fsdp2_mixed_precision_trains_fp32_masters_at_the_reference_lr(tmp_path):
+    """bf16 forward, fp32 gradient reduce-scatter, fp32 shards and AdamW: at lr 1e-6 most weights move in 3
+    steps. The contrast (bf16 parameters, AdamW on them) rounds almost every update away."""
+    r = _fsdp_step(tmp_path / "mixed", 2, "--dtype", "bfloat16", "--lr", "1e-6", "--steps", "3")
+    assert r["forward_dtypes"] == ["torch.bfloat16"]
+    assert r["reduce_dtypes"] == ["torch.float32"]
+    assert r["param_dtypes"] == ["torch.float32"] and r["grad_dtypes"] == ["torch.float32"]
+    assert r["changed_fraction"] > 0.5, r
+    pure = _fsdp_step(tmp_path / "pure", 2, "--dtype", "bfloat16", "--lr", "1e-6", "--steps", "3", "--pure-bf16")
+    assert pure["param_dtypes"] == ["torch.bfloat16"] and pure["changed_fraction"] < 0.1, pure
+
+
+def test_one_step_gradient_does_not_depend_on_the_world_size(tmp_path):
+    import torch
+
+    _fsdp_step(tmp_path / "w1", 1, "--grads", "--steps", "1")
+    _fsdp_step(tmp_path / "w2", 2, "--grads", "--steps", "1")
+    g1, g2 = torch.load(tmp_path / "w1/grads.pt"), torch.load(tmp_path / "w2/grads.pt")
+    assert g1.keys() == g2.keys()
+    scale = max(float(g.abs().max()) for g in g1.values())
+    assert scale > 0
+    for k in g1:
+        torch.testing.assert_close(g2[k], g1[k], atol=1e-6 * scale, rtol=1e-4, msg=k)
+
+
+def _full_state(ckpt):
+    """A DCP checkpoint's weights and optimizer state as plain tensors (converted by DCP's own tool)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = ckpt.parent.parent / f"{ckpt.name}.pt"
+    dcp_to_torch_save(ckpt / "dcp", out)
+    return torch.load(out, weights_only=False)
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k2: v2 for k, v in tree.items() for k2, v2 in _flatten(v, f"{prefix}{k}.").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k2: v2 for i, v in enumerate(tree) for k2, v2 in _flatten(v, f"{prefix}{i}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def _same(x, y) -> bool:
+    import torch
+
+    return x.equal(y) if isinstance(x, torch.Tensor) else x == y
+
+
+def test_fsdp2_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+    args = ["cluster=cpu2", "cluster.parallel=fsdp2", "trainer.steps=4", "trainer.save_every=2", *TINY]
+    train = [sys.executable, str(ROOT / "train.py"), *args]
+    ref = subprocess.run([*train, f"hydra.run.dir={tmp_path / 'ref'}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=ENV)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run = tmp_path / "killed"
+    killed = subprocess.run([*train, f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**ENV, "VLMAZE_FAULTS": "kill_last_rank@4"})
+    # the kill landed mid-run: step 3 finished (unsaved), step 4 never did, step_2 is the newest checkpoint
+    assert killed.returncode != 0 and "step 3/4" in killed.stdout and "step 4/4" not in killed.stdout
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_2"]
+    resumed = subprocess.run([*train, f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600, env=ENV)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
+    a, b = _flatten(_full_state(tmp_path / "ref/checkpoints/step_4")), _flatten(_full_state(run / "checkpoints/step_4"))
+    assert a.keys() == b.keys()
+    moments = [k for k in a if k.startswith("optim.state.") and k.endswith("exp_avg_sq")]
+    assert len(moments) == sum(1 for k in a if k.startswith("model."))  # AdamW state for every parameter
+    assert all(float(a[k].abs().sum()) > 0 for k in moments)
+    assert all(_same(a[k], b[k]) for k in a), [k for k in a if not _same(a[k], b[k])][:5]
+
+
+def test_dapo_under_fsdp2_with_ranks_keeping_different_numbers_of_groups(tmp_path):
+    """The last rank's groups all lose their variance at step 1 (a fault that zeroes its rewards): it keeps
+    none, rank 0 keeps its groups, and the step still completes (zero-weight micro-batches on the short rank)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "cluster=cpu2", "cluster.parallel=fsdp2",
+                           "algo=dapo", "trainer.steps=2", "trainer.save_every=0", *TINY, "algo.mazes_per_step=4",
+                           "algo.max_new_tokens=32", "env.max_turns=6", "algo.group_size=4",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**ENV, "VLMAZE_FAULTS": "uniform_rewards_last_rank@1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = re.findall(r"step 1: groups kept per rank \[(\d+), (\d+)\]", proc.stdout)
+    assert kept and int(kept[0][0]) > 0 and int(kept[0][1]) == 0, proc.stdout[-3000:]
+    assert "step 2/2" in proc.stdout
+
+
+def test_sft_last_batch_with_fewer_rows_than_ranks(tmp_path):
+    """3 conversations in batches of 2 over 2 ranks: the second step has one row, rank 1 gets none."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "cluster=cpu2", "cluster.parallel=fsdp2",
+                           "algo=sft", "algo.sft_mazes=3", "algo.sft_batch=2", "algo.sft_epochs=1",
+                           "trainer.eval_every=0", "trainer.save_every=0", "env.max_turns=3",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 2/2" in proc.stdout and (tmp_path / "checkpoints/step_2/dcp/.metadata").is_file()
+
+
+def test_submitit_local_sweep_runs_each_job_under_torchrun(tmp_path):
+    """hydra-submitit-launcher's local executor (the Slurm launcher's code path, without Slurm): each job
+    re-launches under torchrun from Hydra's record of its overrides and writes its eval report."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
+                           "cluster=cpu2", "trainer.seed=0,1", "trainer.steps=1", *TINY, "trainer.eval_every=1",
+                           "trainer.eval_at_start=false", "trainer.eval_suites=[size7]", "trainer.save_every=0",
+                           f"hydra.sweep.dir={tmp_path}", "hydra.launcher.timeout_min=10"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, env=ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    reports = sorted(tmp_path.glob("*/eval/step_1/report.json"))
+    assert len(reports) == 2, sorted(str(p) for p in tmp_path.rglob("*"))[:40]
+    logs = "".join(p.read_text() for p in tmp_path.rglob("*_log.out"))
+    assert logs.count("relaunching under torchrun") == 2 and logs.count("--nproc-per-node=2") == 2, logs[-3000:]

@@ -15,8 +15,9 @@ from rl.logprobs import collate, masked_logits
 
 
 class HFEngine:
-    def __init__(self, model, processor, micro_batch: int = 64):
+    def __init__(self, model, processor, micro_batch: int = 64, compute_dtype: torch.dtype = torch.float32):
         self.model, self.processor = model, processor
+        self.compute_dtype = compute_dtype  # an fp32 module shared with the trainer samples under its autocast
         self.tokenizer = processor.tokenizer
         self.banned_token_ids = banned_token_ids(self.tokenizer, output_vocab_size(model))
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -35,12 +36,15 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        from models.distributed import compute_context
+
         out: list[Completion] = []
         for lo in range(0, len(prompts), self.micro_batch):
             part = sampling  # each micro-batch its own seed, so no two rows share a random stream
             if sampling.seed is not None and lo > 0:
                 part = replace(sampling, seed=derive_seed(sampling.seed, lo))
-            out.extend(self._generate(prompts[lo:lo + self.micro_batch], part))
+            with compute_context(self.model, self.compute_dtype):
+                out.extend(self._generate(prompts[lo:lo + self.micro_batch], part))
         return out
 
     def _encode_images(self, prompts: list[Prompt]):
@@ -103,9 +107,23 @@ class HFEngine:
         return completions
 
     def update_weights(self, named_tensors=None) -> None:
-        """Load new weights into the engine's module; None when it is the trainer's own module."""
-        if named_tensors is not None:
-            self.model.load_state_dict(dict(named_tensors), strict=True)
+        """Copy new weights into the engine's module, one tensor at a time as they arrive (``named_tensors``:
+        a dict or an iterator of (name, tensor), e.g. ``models.distributed.stream_full_weights``); None when the
+        module is the trainer's own. Every entry of the module's state dict must arrive."""
+        if named_tensors is None:
+            return
+        target = self.model.state_dict()
+        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+        seen = set()
+        with torch.no_grad():
+            for name, t in items:
+                if name not in target:
+                    raise RuntimeError(f"weight push: {name} is not a parameter of the engine's model")
+                target[name].copy_(t)
+                seen.add(name)
+        if seen != set(target):
+            missed = sorted(set(target) - seen)
+            raise RuntimeError(f"weight push left {len(missed)} tensors unchanged ({', '.join(missed[:5])})")
 
     def sleep(self) -> None:
         pass

@@ -55,7 +55,7 @@ def _load_weights(worker, items) -> list[str]:
     model = runner.get_model()
     expected = {name for name, _ in model.named_parameters()}
     initialize_layerwise_reload(model)
-    loaded = model.load_weights(iter(items))
+    loaded = model.load_weights(items)
     finalize_layerwise_reload(model, runner.model_config)
     runner.reset_encoder_cache()
     runner.reset_mm_cache()
@@ -179,8 +179,10 @@ class VLLMEngine:
         return completions
 
     def update_weights(self, named_tensors) -> None:
-        """Push HF-named full weights into the engine, in place."""
-        items = list(named_tensors.items()) if isinstance(named_tensors, dict) else list(named_tensors)
+        """Push HF-named full weights into the engine, in place. ``named_tensors``: a dict or an iterator of (name,
+        tensor); an iterator is consumed as the worker loads (the worker runs in this process), so a streamed
+        gather (``models.distributed.stream_full_weights``) never holds more than one tensor besides the engine."""
+        items = iter(named_tensors.items()) if isinstance(named_tensors, dict) else iter(named_tensors)
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
         missed = self.llm.collective_rpc(_load_weights, args=(items,))
