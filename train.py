@@ -37,38 +37,51 @@ from rl import faults
 
 register()
 log = logging.getLogger("vlmaze")
-PARAMS_B = {"tiny": 0.00074, "qwen3_vl_2b": 2.13, "qwen3_vl_4b": 4.44, "qwen3_vl_8b": 8.77}
 
 
 def launch_plan(cfg) -> str:
-    """World size, processes, engine and a per-GPU memory estimate (no weights are loaded)."""
+    """World size, processes, precision, engine and the per-GPU memory plan (``models.memory``: what the code keeps,
+    component by component; the architecture is built on the meta device, no weights are loaded)."""
+    from models import memory
+
     world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
-    n = PARAMS_B[cfg.model.name] * 1e9
-    bytes_param = 2 if cfg.model.dtype != "float32" else 4
-    shard = world if cfg.cluster.parallel == "fsdp2" and world > 1 else 1
-    gib = 1024**3
-    params = n * bytes_param / shard / gib
-    grads = n * 4 / shard / gib  # fp32 gradients (reduced in fp32)
-    optim = n * 8 / shard / gib  # AdamW m and v in fp32
-    master = n * 4 / shard / gib if bytes_param == 2 else 0.0  # fp32 master weights
-    engine_w = n * bytes_param / gib if cfg.engine.name == "vllm" else 0.0  # colocated full copy
-    kv = cfg.engine.gpu_memory_utilization * cfg.cluster.gpu_memory_gib if cfg.engine.name == "vllm" else 0
-    ref = n * bytes_param / shard / gib if cfg.algo.kl_coef > 0 else 0.0
+    torchrun = needs_torchrun(cfg)
+    fsdp = torchrun and cfg.cluster.parallel == "fsdp2"
+    if cfg.model.name == "tiny":
+        from models.tiny import build_tokenizer, tiny_config
+
+        units = memory.count_units(tiny_config(build_tokenizer()))
+    else:
+        units = memory.count_units(memory.arch_config(cfg.model.name))
+    compute_bytes = 4 if cfg.model.dtype == "float32" else 2
+    seq = memory.sequence_tokens(cfg)
+    rows = cfg.algo.micro_batch if cfg.algo.name != "sft" else min(cfg.algo.micro_batch, cfg.algo.sft_batch)
+    p = memory.plan(units, world=world, compute_bytes=compute_bytes, engine=cfg.engine.name,
+                    kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft", tokens=rows * seq,
+                    grad_ckpt=cfg.model.gradient_checkpointing, gpu_gib=cfg.cluster.gpu_memory_gib,
+                    gpu_util=cfg.engine.gpu_memory_utilization, fsdp=fsdp)
     lines = [
         f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
-        f"process(es)), device {cfg.cluster.device}, backend {cfg.cluster.backend}, "
-        f"parallel {cfg.cluster.parallel if world > 1 else 'none'}, engine {cfg.engine.name}",
-        f"model {cfg.model.name} ({PARAMS_B[cfg.model.name]:.2f} B params, {cfg.model.dtype}), " + (
-            f"algo sft: {cfg.algo.sft_mazes} {cfg.algo.sft_expert} conversations x {cfg.algo.sft_epochs} epochs, "
-            f"{cfg.algo.sft_batch} per step" if cfg.algo.name == "sft" else
-            f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
-            f"{cfg.trainer.steps} steps"),
-        f"per-device memory estimate (GiB): params {params:.2f} + grads {grads:.2f} + optimizer {optim:.2f} "
-        f"+ master {master:.2f} + reference {ref:.2f} + engine weights {engine_w:.2f} + KV cache {kv:.2f} "
-        f"= {params + grads + optim + master + ref + engine_w + kv:.2f} (activations not included)",
+        f"process(es)){' under torchrun' if torchrun else ''}, device {cfg.cluster.device}, backend "
+        f"{cfg.cluster.backend if torchrun else 'none'}, parallel {cfg.cluster.parallel if torchrun else 'none'}, "
+        f"engine {cfg.engine.name}",
+        f"model {cfg.model.name} ({units.total / 1e9:.3f} B params: root {units.root / 1e6:.1f} M, vision "
+        f"{units.vision / 1e6:.1f} M, {units.layers} decoder layers of {units.layer / 1e6:.1f} M), fp32 master "
+        f"weights and AdamW, {cfg.model.dtype} compute" + (" (FSDP2 MixedPrecisionPolicy, fp32 gradient "
+                                                           "reduction)" if fsdp else " (autocast)"),
+        ("algo sft: " f"{cfg.algo.sft_mazes} {cfg.algo.sft_expert} conversations x {cfg.algo.sft_epochs} epochs, "
+         f"{cfg.algo.sft_batch} per step" if cfg.algo.name == "sft" else
+         f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
+         f"{cfg.trainer.steps} steps"),
+        f"tokens per micro-batch <= {rows} x {seq} (prompt {memory.PROMPT_TOKENS} + turns x (image "
+        f"{memory.image_tokens(cfg.env, cfg.model)} + text {memory.TURN_TEXT_TOKENS} + response "
+        f"{cfg.algo.max_new_tokens})), gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}",
+        "per-GPU memory plan (GiB; models/memory.py says what each line counts):",
+        *memory.format_plan(p),
     ]
     if cfg.cluster.gpu_memory_gib:
-        lines.append(f"device memory: {cfg.cluster.gpu_memory_gib:.0f} GiB")
+        verdict = "fits" if p["peak"] <= cfg.cluster.gpu_memory_gib * memory.GIB else "DOES NOT FIT"
+        lines.append(f"device memory: {cfg.cluster.gpu_memory_gib:.0f} GiB: {verdict}")
     return "\n".join(lines)
 
 
@@ -189,7 +202,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from rl.rewards import episode_reward
     from rl.rollout import Conversation, EnvSettings, rollout
     from rl.sft import expert_trajectory
-    from rl.update import Scoring, StepBatch, accumulate, score as score_tokens
+    from rl.update import Scoring, StepBatch, accumulate
+    from rl.update import score as score_tokens
 
     # ---------------------------------------------------------------- ranks and seeds
     if D.under_torchrun():
@@ -459,6 +473,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 optimizer.step()
                 stats["grad_norm"] += grad_norm
                 n_updates += 1
+        optimizer.zero_grad(set_to_none=True)  # the gradients do not outlive the update (rollouts need the room)
         scheduler.step()
         t_update = time.time() - t0
         nonfinite_in_row = nonfinite_in_row + 1 if skipped else 0

@@ -1,17 +1,21 @@
-"""GPU check for a lent H200: the Qwen3-VL-8B architecture (random weights, built from its known
-config: nothing is downloaded) trained with FSDP2 in bf16 on multi-turn maze conversations, and
-the hf engine's generation on maze rollouts. Prints tokens/s, step time and MFU against 989
-TFLOP/s (H100/H200 dense bf16). Run through ``bench/gpu_check.sh`` (under 8 minutes).
+"""GPU check, part 2: a training step of the Qwen3-VL-8B architecture's layer shapes (random weights, built from
+its known config: nothing is downloaded) with as many decoder layers as the memory plan says fit one GPU, in
+train.py's precision and code path: fp32 master weights and AdamW, FSDP2 (world size 1) casting to bf16 for
+compute, gradient checkpointing, ``rl.update.accumulate`` over multi-turn maze conversations in the reference's
+interface. Prints the layers, the attention implementation that ran, step time, tokens/s, MFU, and the measured
+peak memory beside the plan's figure (``models.memory``) for that depth; exits 1 when they differ by > 15 %.
 
-    torchrun --nproc-per-node=1 bench/gpu_check.py [--seqs 8] [--steps 4] [--turns 8]
-    python bench/gpu_check.py --tiny      # the same code path on CPU with a reduced config
+    torchrun --standalone --nproc-per-node=1 bench/gpu_check.py [--seqs 4] [--steps 2] [--turns 20]
+    torchrun --standalone --nproc-per-node=1 bench/gpu_check.py --tiny     # the same code on CPU (gloo)
 
-MFU counts 6 * params * trained tokens per step (attention flops not counted, so it is a lower bound).
+MFU counts 6 x params x trained tokens per step against 989 TFLOP/s (H100/H200 dense bf16); attention flops are
+not counted, so it is a lower bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -25,101 +29,106 @@ import torch  # noqa: E402
 PEAK_BF16 = 989e12
 
 
-def qwen3_vl_8b_config(tok, tiny: bool):
-    """Qwen3-VL-8B-Instruct's architecture (text 36 x 4096, vision 27 x 1152, deepstack 8/16/24)."""
-    from transformers import Qwen3VLConfig
-
-    ids = tok.convert_tokens_to_ids
-    text = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
-                rms_norm_eps=1e-6, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20],
-                                 "mrope_interleaved": True})
-    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=4096, num_position_embeddings=2304,
-                  deepstack_visual_indexes=[8, 16, 24], hidden_act="gelu_pytorch_tanh")
-    if tiny:  # same code path, a config that fits a CPU
-        text.update(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=64, vocab_size=1024,
-                    rope_parameters={**text["rope_parameters"], "mrope_section": [12, 10, 10]})
-        vision.update(depth=3, hidden_size=128, intermediate_size=256, num_heads=2, out_hidden_size=256,
-                      deepstack_visual_indexes=[0, 1, 2])
-    return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
-                         video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
-                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--seqs", type=int, default=8, help="conversations per training step")
-    ap.add_argument("--steps", type=int, default=4, help="timed training steps (after 1 warm-up)")
-    ap.add_argument("--turns", type=int, default=8, help="turns per training conversation")
-    ap.add_argument("--ppc", type=int, default=32, help="pixels per cell (32: one image token per cell)")
-    ap.add_argument("--gen-mazes", dest="gen_mazes", type=int, default=8)
-    ap.add_argument("--gen-group", dest="gen_group", type=int, default=4)
-    ap.add_argument("--gen-turns", dest="gen_turns", type=int, default=4)
+    ap.add_argument("--tiny", action="store_true", help="a small config on CPU: the same code path")
+    ap.add_argument("--seqs", type=int, default=4, help="conversations per training step")
+    ap.add_argument("--micro-batch", dest="micro_batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2, help="timed training steps (after 1 warm-up)")
+    ap.add_argument("--turns", type=int, default=20, help="turns per training conversation")
+    ap.add_argument("--layers", type=int, default=0, help="decoder layers (0: as many as the plan fits)")
+    ap.add_argument("--fit", type=float, default=0.80, help="fraction of GPU memory the plan may use")
     args = ap.parse_args()
 
-    from transformers import Qwen3VLForConditionalGeneration
+    from omegaconf import OmegaConf
 
+    from conf.schema import AlgoConfig
     from maze import TrainSampler
-    from models.engines.base import SamplingParams, banned_token_ids
-    from models.engines.hf import HFEngine
+    from models import memory
+    from models.distributed import wrap_fsdp2
+    from models.engines.base import banned_token_ids
     from models.tiny import build_tiny
-    from rl.packing import packed_token_logprobs
-    from rl.rollout import Conversation, EnvSettings, rollout
+    from rl.rollout import Conversation, EnvSettings
     from rl.sft import expert_trajectory
+    from rl.update import Scoring, StepBatch, accumulate
 
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:
         torch.cuda.set_device(device)
-    if "RANK" in os.environ:
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    compute = torch.bfloat16
     _, processor = build_tiny(0)  # its image processor is Qwen3-VL's (patch 16, merge 2); token ids < 512
     tok = processor.tokenizer
-    config = qwen3_vl_8b_config(tok, args.tiny)
-    t0 = time.perf_counter()
-    with torch.device(device):
-        model = Qwen3VLForConditionalGeneration(config).to(dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"device {torch.cuda.get_device_name(device) if cuda else 'cpu'}; model {n_params / 1e9:.2f} B params "
-          f"({dtype}), built in {time.perf_counter() - t0:.1f} s", flush=True)
-    if torch.distributed.is_initialized():
-        from models.distributed import wrap_fsdp2
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in [("image_token_id", "<|image_pad|>"),
+                                                        ("video_token_id", "<|video_pad|>"),
+                                                        ("vision_start_token_id", "<|vision_start|>"),
+                                                        ("vision_end_token_id", "<|vision_end|>")]}
 
-        wrap_fsdp2(model)
-        print(f"FSDP2 over {torch.distributed.get_world_size()} rank(s)", flush=True)
-
-    # ---- training: multi-turn maze conversations (BFS expert), packed, bf16, AdamW
-    env = EnvSettings(pixels_per_cell=args.ppc, pad_to=32, max_turns=args.turns)
+    # ---- data: BFS expert conversations in the reference's interface (global view, 25 px cells, 225 px frames)
+    env = EnvSettings(view="global", pixels_per_cell=25, pad_to=1, pad_before=0, wall_gray=169, interface="reference",
+                      max_turns=args.turns)
     conv = Conversation(processor)
     mazes = TrainSampler(sizes=(9,), seed=0).take(args.seqs * (args.steps + 1))
     data = [expert_trajectory(m, conv, env, "bfs", noise=0.2, seed=k, max_turns=args.turns)
             for k, m in enumerate(mazes)]
-    banned = banned_token_ids(tok)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    longest = max(len(t.token_ids) for t in data)
+
+    # ---- depth: the largest number of 8B-shaped decoder layers whose plan fits
+    def config(layers: int):
+        c = memory.arch_config("qwen3_vl_8b", layers=layers, token_ids=ids)
+        if args.tiny:
+            c.text_config.update(dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=64, vocab_size=1024))
+            c.text_config.rope_parameters["mrope_section"] = [12, 10, 10]
+            c.vision_config.update(dict(depth=3, hidden_size=128, intermediate_size=256, num_heads=2,
+                                        out_hidden_size=256, deepstack_visual_indexes=[0, 1, 2]))
+        return c
+
+    def plan_for(layers: int) -> dict:
+        return memory.plan(memory.count_units(config(layers)), world=1, compute_bytes=2, engine="none", kl=False,
+                           tokens=args.micro_batch * longest, grad_ckpt=True)
+
+    gpu_bytes = torch.cuda.get_device_properties(device).total_memory if cuda else 0
+    layers = args.layers or (2 if args.tiny else max(
+        [k for k in range(1, 37) if plan_for(k)["totals"]["train"] <= args.fit * gpu_bytes] or [1]))
+    cfg = config(layers)
+    attn = "flash_attention_2" if cuda and importlib.util.find_spec("flash_attn") else "sdpa"
+    cfg._attn_implementation = attn
+    t0 = time.perf_counter()
+    from transformers import Qwen3VLForConditionalGeneration
+
+    with torch.device(device):
+        model = Qwen3VLForConditionalGeneration(cfg)  # fp32: the master copy
+    n_params = sum(p.numel() for p in model.parameters())
+    model.gradient_checkpointing_enable()
+    wrap_fsdp2(model, compute)
+    print(f"device {torch.cuda.get_device_name(device) if cuda else 'cpu'}; torch {torch.__version__}; "
+          f"8B layer shapes with {layers} of 36 decoder layers: {n_params / 1e9:.2f} B params, fp32 masters, "
+          f"{compute} compute (FSDP2, world 1); attention {model.config._attn_implementation}; built in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+    algo = OmegaConf.structured(AlgoConfig(micro_batch=args.micro_batch))
+    scoring = Scoring(tok.pad_token_id, ids["image_token_id"], banned_token_ids(tok, cfg.text_config.vocab_size), 1.0,
+                      share_images=False, compute_dtype=compute)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0)
     times, tokens = [], []
     for step in range(args.steps + 1):
         batch = data[step * args.seqs:(step + 1) * args.seqs]
-        for t in batch:
-            for im in t.images:
-                im.pixel_values = im.pixels().to(device, dtype)
-                im.grid_thw = im.grid_thw.to(device)
+        width = max(len(t.token_ids) for t in batch)
+        mask = torch.zeros((len(batch), width))
+        for r, t in enumerate(batch):
+            mask[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        sb = StepBatch(batch, mask, torch.zeros_like(mask), torch.zeros(len(batch)))
+        if step == 1 and cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         model.train()
-        lp = packed_token_logprobs(model, [t.token_ids for t in batch], [t.images for t in batch],
-                                   tok.pad_token_id, config.image_token_id, banned, 1.0)
-        mask = torch.zeros_like(lp)
-        for r, t in enumerate(batch):
-            mask[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=lp.dtype, device=lp.device)
-        loss = -(lp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        accumulate(model, sb, list(range(len(batch))), algo, scoring, sft=True, sharded=True)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if cuda:
             torch.cuda.synchronize()
@@ -129,30 +138,27 @@ def main() -> None:
     step_s = statistics.median(times)
     tok_s = statistics.median(n / s for n, s in zip(tokens, times))
     mfu = 6 * n_params * tok_s / PEAK_BF16
-    mem = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
-    print(f"train: {args.seqs} conversations x {args.turns} turns, {statistics.median(tokens):.0f} tokens/step; "
-          f"step {step_s:.2f} s; {tok_s:,.0f} trained tokens/s; MFU {mfu:.1%} (6ND / 989 TFLOP/s); "
-          f"peak memory {mem:.1f} GiB", flush=True)
-
-    # ---- generation: the hf engine on B mazes x G samples x turns (an unsharded copy is what train.py
-    # generates with under FSDP2; on one GPU the sharded model is the whole model)
-    model.eval()
-    engine = HFEngine(model, processor)
-    genv = EnvSettings(pixels_per_cell=args.ppc, pad_to=32, max_turns=args.gen_turns)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
-    gmazes = TrainSampler(sizes=(9,), seed=1).take(args.gen_mazes)
-    t0 = time.perf_counter()
-    trajs = rollout(engine, processor, gmazes, args.gen_group, genv, sampling)
+    print(f"train: {args.seqs} conversations x {args.turns} turns ({statistics.median(tokens):.0f} tokens, longest "
+          f"{longest}), micro-batch {args.micro_batch}; step {step_s:.2f} s; {tok_s:,.0f} trained tokens/s; MFU "
+          f"{mfu:.1%} (6ND / 989 TFLOP/s)", flush=True)
+    plan = plan_for(layers)
+    for line in memory.format_plan({**plan, "phases": {"train": plan["phases"]["train"]},
+                                    "totals": {"train": plan["totals"]["train"]}, "peak_phase": "train",
+                                    "peak": plan["totals"]["train"]}):
+        print("plan" + line, flush=True)
+    ok = True
     if cuda:
-        torch.cuda.synchronize()
-    gen_s = time.perf_counter() - t0
-    generated = sum(sum(t.loss_mask) for t in trajs)
-    print(f"generate: {args.gen_mazes} mazes x {args.gen_group} samples x {args.gen_turns} turns, {generated} tokens "
-          f"in {gen_s:.1f} s = {generated / gen_s:,.0f} generated tokens/s", flush=True)
-    print(f"gpu_check step_s={step_s:.3f} train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f} "
-          f"generate_tokens_per_s={generated / gen_s:.0f}")
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        peak = torch.cuda.max_memory_allocated(device)
+        ratio = peak / plan["totals"]["train"]
+        ok = 0.85 <= ratio <= 1.15
+        print(f"memory: measured peak {peak / 2**30:.2f} GiB (torch.cuda.max_memory_allocated), plan "
+              f"{plan['totals']['train'] / 2**30:.2f} GiB, measured/plan {ratio:.2f}"
+              f"{'' if ok else '  MISMATCH: outside 0.85-1.15'}", flush=True)
+    print(f"gpu_check layers={layers} attention={model.config._attn_implementation} step_s={step_s:.3f} "
+          f"train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f}", flush=True)
+    torch.distributed.destroy_process_group()
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

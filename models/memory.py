@@ -1,0 +1,172 @@
+"""The per-GPU memory plan of a training run: what train.py keeps, component by component.
+
+Parameter counts come from the architecture itself, built on the meta device (no weights, no download):
+the FSDP2 units train.py shards (the root's own parameters: embeddings, final norm, lm_head; the vision
+tower; each decoder layer) and the largest single tensor (what one streamed weight-sync gather holds).
+
+What the code keeps, per GPU (N parameters, W ranks, c bytes of the compute dtype, U the largest unit):
+  training phase (the engine asleep or a resident hf copy)
+    fp32 master shards 4N/W, fp32 gradient shards 4N/W, AdamW moments 8N/W       (FSDP2 MixedPrecisionPolicy)
+    unsharded compute-dtype units in flight: the root (kept from forward to backward) + 2U (current + prefetch)
+    their gradients: the root's c x root live through the whole backward; one unit at a time c x U + its fp32
+      reduce-scatter buffer 4 x U
+    the reference (algo.kl_coef > 0): c N/W, sharded like the policy (its units are gathered only in no-grad
+      forwards, before the policy's backward, so they do not add to the peak)
+    the hf engine's unsharded copy under FSDP2: c N; with vLLM no copy (level-2 sleep frees its weights and KV)
+    activations: with gradient checkpointing each decoder layer keeps its input (tokens x H x c) and one layer
+      is recomputed at a time (tokens x (8H + 3I) x c); without, every layer keeps (8H + 3I) per token
+    the log-prob head: one chunk of LOGPROB_CHUNK positions x V in fp32, three live copies (logits, shifted,
+      probabilities) plus the compute-dtype projection
+  rollout phase
+    the trainer's masters and moments stay (12N/W; gradients are freed after the update), the reference shard,
+    and vLLM's gpu_memory_utilization x GPU (its weights, KV cache and activations live inside that budget)
+    or the hf copy (its KV cache grows with the batch: not modelled)
+  weight sync: masters + moments + reference + vLLM's budget + one gathered tensor (c x the largest tensor)
+The plan's figure is the largest phase. Tokens per micro-batch are an upper bound: every row padded to an
+episode of the full turn budget with every response at max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1024**3
+PROMPT_TOKENS = 400  # system prompt + first user turn, text only (an upper estimate for both interfaces)
+TURN_TEXT_TOKENS = 40  # per turn: chat markup, feedback line, vision start/end
+
+# Qwen3-VL-{2B,4B,8B}-Instruct: text and vision towers (config.json of each hub checkpoint)
+ARCH = {
+    "qwen3_vl_2b": (dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+                    dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+                         deepstack_visual_indexes=[5, 11, 17])),
+    "qwen3_vl_4b": (dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+                    dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
+                         deepstack_visual_indexes=[5, 11, 17])),
+    "qwen3_vl_8b": (dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+                    dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                         deepstack_visual_indexes=[8, 16, 24])),
+}
+
+
+def arch_config(name: str, layers: int | None = None, token_ids: dict | None = None):
+    """The ``Qwen3VLConfig`` of ``name`` (optionally with ``layers`` decoder layers), built offline."""
+    from transformers import Qwen3VLConfig
+
+    text, vision = (dict(d) for d in ARCH[name])
+    text.update(max_position_embeddings=262144, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20],
+                                 "mrope_interleaved": True})
+    if layers is not None:
+        text["num_hidden_layers"] = layers
+    vision.update(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                  hidden_act="gelu_pytorch_tanh")
+    ids = token_ids or {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+                        "vision_end_token_id": 151653}
+    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"],
+                         **ids)
+
+
+@dataclass
+class Units:
+    """Parameter counts of the FSDP2 units of a Qwen3-VL model."""
+
+    total: int
+    root: int  # the root unit's own parameters: embeddings, final norm, lm_head
+    vision: int
+    layer: int  # one decoder layer
+    layers: int
+    largest_tensor: int
+    hidden: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def largest_unit(self) -> int:
+        return max(self.vision, self.layer)
+
+
+def count_units(config) -> Units:
+    """Build ``config`` on the meta device and count each unit's parameters."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(config)
+    params = dict(model.named_parameters())  # tied weights appear once
+    total = sum(p.numel() for p in params.values())
+    vision = sum(p.numel() for n, p in params.items() if n.startswith("model.visual."))
+    layers = model.model.language_model.layers
+    layer = max(sum(p.numel() for p in m.parameters()) for m in layers) if len(layers) else 0
+    text = config.text_config
+    return Units(total=total, root=total - vision - layer * len(layers), vision=vision, layer=layer,
+                 layers=len(layers), largest_tensor=max(p.numel() for p in params.values()),
+                 hidden=text.hidden_size, intermediate=text.intermediate_size, vocab=text.vocab_size)
+
+
+def image_tokens(cfg_env, cfg_model) -> int:
+    """Vision tokens of one frame: the rendered side, resized by the processor to 32 px multiples in its pixel
+    bounds, one token per 32 x 32 px (patch 16, merge 2)."""
+    size, ppc = cfg_env.size, cfg_env.pixels_per_cell
+    side = (2 * size - 1) * ppc if cfg_env.view == "egocentric" else size * ppc + cfg_env.pad_before
+    side = math.ceil(side / max(cfg_env.pad_to, 1)) * max(cfg_env.pad_to, 1)
+    area = min(max(side * side, cfg_model.min_pixels), cfg_model.max_pixels)
+    return max(1, round(math.sqrt(area) / 32)) ** 2
+
+
+def sequence_tokens(cfg) -> int:
+    """Upper bound of one episode's tokens: the turn budget at the largest training size, every response at
+    max_new_tokens."""
+    from maze.env import turn_budget
+
+    sizes = list(cfg.env.train_sizes) or [cfg.env.size]
+    turns = max(turn_budget(s, cfg.env.max_turns, cfg.env.size) for s in sizes)
+    per_turn = image_tokens(cfg.env, cfg.model) + TURN_TEXT_TOKENS + cfg.algo.max_new_tokens
+    return PROMPT_TOKENS + turns * per_turn
+
+
+def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tokens: int,
+         grad_ckpt: bool, gpu_gib: float = 0.0, gpu_util: float = 0.0, fsdp: bool = True,
+         logprob_chunk: int = 1024) -> dict:
+    """Bytes per GPU by component and phase; ``peak`` is the largest phase. ``tokens``: per micro-batch."""
+    c, n, w = compute_bytes, u.total, (world if fsdp else 1)
+    h, i = u.hidden, u.intermediate
+    masters, grads, moments = 4 * n / w, 4 * n / w, 8 * n / w
+    if fsdp:
+        in_flight = c * (u.root + 2 * u.largest_unit)
+        # the root's gradients live through the whole backward (lm_head first, embeddings last); one unit at a
+        # time is reduce-scattered through an fp32 buffer
+        unit_grads = c * u.root + (c + 4) * u.largest_unit
+    else:  # one process / DDP: full fp32 weights; autocast casts each weight as an op uses it
+        in_flight = c * u.largest_tensor if c < 4 else 0.0
+        unit_grads = 0.0
+    reference = c * n / w if kl else 0.0
+    hf_copy = c * n if engine == "hf" and fsdp and world >= 1 else 0.0
+    per_layer = tokens * (8 * h + 3 * i) * c
+    activations = (u.layers * tokens * h * c + per_layer) if grad_ckpt else u.layers * per_layer
+    logits = min(logprob_chunk, tokens) * u.vocab * (3 * 4 + c)
+    vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0
+    train = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,
+             "unsharded units in flight": in_flight, "unit gradients + fp32 reduce buffers": unit_grads,
+             "reference shard": reference, "hf engine copy": hf_copy, "activations": activations,
+             "log-prob head chunk": logits}
+    rollout = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
+               "hf engine copy": hf_copy, "vLLM budget (weights + KV)": vllm}
+    sync = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
+            "vLLM budget (weights + KV)": vllm, "hf engine copy": hf_copy, "one gathered tensor": c * u.largest_tensor}
+    phases = {"train": train, "rollout": rollout, "sync": sync}
+    totals = {k: sum(v.values()) for k, v in phases.items()}
+    peak = max(totals, key=totals.get)
+    return {"phases": phases, "totals": totals, "peak_phase": peak, "peak": totals[peak]}
+
+
+def format_plan(p: dict) -> list[str]:
+    lines = []
+    for phase, parts in p["phases"].items():
+        shown = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
+        lines.append(f"  {phase:8s} {shown} = {p['totals'][phase] / GIB:.2f} GiB")
+    lines.append(f"  peak: {p['peak_phase']} phase, {p['peak'] / GIB:.2f} GiB per GPU")
+    return lines
