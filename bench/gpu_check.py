@@ -94,18 +94,18 @@ def main() -> None:
         [k for k in range(1, 37) if plan_for(k)["totals"]["train"] <= args.fit * gpu_bytes] or [1]))
     cfg = config(layers)
     attn = "flash_attention_2" if cuda and importlib.util.find_spec("flash_attn") else "sdpa"
-    cfg._attn_implementation = attn
     t0 = time.perf_counter()
     from transformers import Qwen3VLForConditionalGeneration
 
     with torch.device(device):
-        model = Qwen3VLForConditionalGeneration(cfg)  # fp32: the master copy
+        model = Qwen3VLForConditionalGeneration._from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     model.gradient_checkpointing_enable()
     wrap_fsdp2(model, compute)
     print(f"device {torch.cuda.get_device_name(device) if cuda else 'cpu'}; torch {torch.__version__}; "
           f"8B layer shapes with {layers} of 36 decoder layers: {n_params / 1e9:.2f} B params, fp32 masters, "
-          f"{compute} compute (FSDP2, world 1); attention {model.config._attn_implementation}; built in "
+          f"{compute} compute (FSDP2, world 1); attention: text {model.config.text_config._attn_implementation}, "
+          f"vision {model.config.vision_config._attn_implementation}; built in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
 
     algo = OmegaConf.structured(AlgoConfig(micro_batch=args.micro_batch))
@@ -154,7 +154,7 @@ def main() -> None:
         print(f"memory: measured peak {peak / 2**30:.2f} GiB (torch.cuda.max_memory_allocated), plan "
               f"{plan['totals']['train'] / 2**30:.2f} GiB, measured/plan {ratio:.2f}"
               f"{'' if ok else '  MISMATCH: outside 0.85-1.15'}", flush=True)
-    print(f"gpu_check layers={layers} attention={model.config._attn_implementation} step_s={step_s:.3f} "
+    print(f"gpu_check layers={layers} attention={model.config.text_config._attn_implementation} step_s={step_s:.3f} "
           f"train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f}", flush=True)
     torch.distributed.destroy_process_group()
     if not ok:

@@ -40,6 +40,16 @@ def collate(sequences: list[list[int]], images: list[list[ImageInput]], pad_id: 
     return batch
 
 
+def encoder_outputs_supported(model) -> bool:
+    """Whether this transformers' Qwen3-VL takes precomputed vision features (``mm_encoder_outputs``, 5.19).
+    Older ones (5.17, on the GPU check machine) swallow the unknown keyword and run without the images, so
+    callers fall back to ``pixel_values`` there."""
+    import inspect
+
+    inner = getattr(model, "model", model)
+    return "mm_encoder_outputs" in inspect.signature(type(inner).forward).parameters
+
+
 def shared_image_features(model, images: list[ImageInput]) -> dict:
     """Vision features for a flat list of image occurrences, each distinct image encoded once.
 
@@ -182,6 +192,9 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], banned_ids: list[int],
     """
     if hasattr(model, "model") and hasattr(model.model, "rope_deltas"):
         model.model.rope_deltas = None  # stale state from a previous generate
+    if images and not encoder_outputs_supported(model):
+        raise RuntimeError("this transformers' Qwen3-VL has no mm_encoder_outputs: score with pixel_values "
+                           "(share_images=False)")
     batch = to_model(model, batch)
     if images:
         batch.pop("pixel_values", None)

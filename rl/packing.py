@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import collate, scored_forward, shared_image_features, to_model, token_logprobs
+from rl.logprobs import (collate, encoder_outputs_supported, scored_forward, shared_image_features, to_model,
+                         token_logprobs)
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -59,6 +60,7 @@ def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: 
 
     ``share_images``: each distinct image is encoded once (``rl.logprobs.shared_image_features``).
     """
+    share_images = share_images and encoder_outputs_supported(model)
     lengths = [len(s) for s in sequences]
     rows = pack_rows(lengths, capacity or max(lengths))
     width = max(sum(lengths[i] for i in row) for row in rows)
@@ -122,6 +124,7 @@ def sequence_logprobs(model, sequences: list[list[int]], images: list[list], pad
     """The trainer's forward over whole trajectories: packed or right-padded, each distinct image encoded
     once (``share_images``; off under FSDP2, whose sharded vision tower is only entered through the root
     module's forward). Returns (N, longest) logprobs (and entropy), as ``rl.logprobs.token_logprobs``."""
+    share_images = share_images and encoder_outputs_supported(model)
     if packing:
         return packed_token_logprobs(model, sequences, images, pad_id, image_token_id, banned_ids, temperature,
                                      with_entropy, share_images=share_images)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed, output_vocab_size
-from rl.logprobs import collate, masked_logits
+from rl.logprobs import collate, encoder_outputs_supported, masked_logits
 
 
 class HFEngine:
@@ -72,11 +72,13 @@ class HFEngine:
             deepstack_features=[tuple(im.features[1][lay] for im in flat) for lay in range(layers)])}
 
     def _generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        cached = encoder_outputs_supported(self.model)  # else (transformers < 5.19) re-encode from pixels
         batch = collate([p.token_ids for p in prompts], [p.images for p in prompts], self.pad_id,
-                        self.image_token_id, left_pad=True, with_pixels=False)
-        device = next(self.model.parameters()).device
-        batch = {k: v.to(device) for k, v in batch.items()}
-        encoded = self._encode_images(prompts)
+                        self.image_token_id, left_pad=True, with_pixels=not cached)
+        param = next(self.model.parameters())
+        batch = {k: v.to(param.device, param.dtype) if k == "pixel_values" else v.to(param.device)
+                 for k, v in batch.items()}
+        encoded = self._encode_images(prompts) if cached else None
         if encoded is not None:
             batch["mm_encoder_outputs"] = encoded
         if sampling.seed is not None:
