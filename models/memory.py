@@ -150,13 +150,14 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     logits = min(logprob_chunk, tokens) * u.vocab * (3 * 4 + c)
     vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0
     train = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,
-             "unsharded units in flight": in_flight, "unit gradients + fp32 reduce buffers": unit_grads,
+             "unsharded units in flight": in_flight, "unit gradients and fp32 reduce buffers": unit_grads,
              "reference shard": reference, "hf engine copy": hf_copy, "activations": activations,
              "log-prob head chunk": logits}
     rollout = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
-               "hf engine copy": hf_copy, "vLLM budget (weights + KV)": vllm}
+               "hf engine copy": hf_copy, "vLLM budget (weights, KV cache)": vllm}
     sync = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
-            "vLLM budget (weights + KV)": vllm, "hf engine copy": hf_copy, "one gathered tensor": c * u.largest_tensor}
+            "vLLM budget (weights, KV cache)": vllm, "hf engine copy": hf_copy,
+            "one gathered tensor": c * u.largest_tensor}
     phases = {"train": train, "rollout": rollout, "sync": sync}
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=totals.get)

@@ -21,8 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from rl.logprobs import (collate, encoder_outputs_supported, scored_forward, shared_image_features, to_model,
-                         token_logprobs)
+from rl.logprobs import (
+    collate,
+    encoder_outputs_supported,
+    scored_forward,
+    shared_image_features,
+    to_model,
+    token_logprobs,
+)
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:

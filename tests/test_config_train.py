@@ -77,11 +77,31 @@ def test_config_error_is_one_line_before_any_heavy_work():
     assert lines == ["config error: algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std"]
 
 
-def test_dry_run_prints_the_8gpu_plan_without_loading_weights():
-    proc = _run(["model=qwen3_vl_8b", "engine=vllm", "cluster=8gpu", "dry_run=true"],
-                env_extra={"HF_HUB_OFFLINE": "1"})
+def _plan_line(out: str, phase: str) -> dict[str, float]:
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith(phase + " "))
+    parts = [x.strip() for x in line.strip()[len(phase):].split("=")[0].split(" + ")]
+    return {p.rsplit(" ", 1)[0].strip(): float(p.rsplit(" ", 1)[1]) for p in parts}
+
+
+def test_dry_run_plan_describes_what_the_code_keeps():
+    """The reference run's plan (no weights loaded): 8.77 B parameters sharded 8 ways as fp32 masters (4 B),
+    gradients (4 B) and AdamW moments (8 B); no hf engine copy under vLLM, no reference without KL, vLLM's budget
+    counted once, in the rollout and sync phases, not during the update."""
+    proc = _run(["+experiment=reference_8b", "dry_run=true"], env_extra={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert "world size 8" in proc.stdout and "engine vllm" in proc.stdout and "per-device memory" in proc.stdout
+    out = proc.stdout
+    assert "world size 8" in out and "engine vllm" in out and "8.767 B params" in out
+    assert "fp32 master weights and AdamW, bfloat16 compute (FSDP2 MixedPrecisionPolicy" in out
+    n, gib = 8.767123696e9, 2**30
+    train, rollout = _plan_line(out, "train"), _plan_line(out, "rollout")
+    assert train["fp32 master shards"] == round(4 * n / 8 / gib, 2) == train["fp32 gradient shards"]
+    assert train["AdamW moments (fp32)"] == round(8 * n / 8 / gib, 2)
+    assert not {"hf engine copy", "reference shard", "vLLM budget (weights, KV cache)"} & train.keys()
+    assert rollout["vLLM budget (weights, KV cache)"] == round(0.35 * 141, 2) and "fp32 gradient shards" not in rollout
+    with_kl = _run(["+experiment=reference_8b", "algo.kl_coef=0.01", "engine=hf", "dry_run=true"],
+                   env_extra={"HF_HUB_OFFLINE": "1"})
+    train = _plan_line(with_kl.stdout, "train")
+    assert train["reference shard"] == round(2 * n / 8 / gib, 2) and train["hf engine copy"] == round(2 * n / gib, 2)
 
 
 TINY = ["algo.mazes_per_step=2", "algo.group_size=2", "env.max_turns=2", "algo.max_new_tokens=8",

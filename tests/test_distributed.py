@@ -35,6 +35,20 @@ def test_two_rank_training_ends_with_equal_weights(tmp_path, parallel, port):
 
     assert abs(params_checksum(model) - sums[1]) < 1e-6 * abs(sums[1])
 
+    # the eval ran sharded over the 2 ranks; one process on the saved checkpoint writes the same episodes
+    import json
+
+    proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={tmp_path}/checkpoints/step_2",
+                           "suites=[size7]", "figures=false", "env.max_turns=3", "algo.max_new_tokens=8",
+                           f"hydra.run.dir={tmp_path}/single"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sharded = json.loads((tmp_path / "eval/step_2/report.json").read_text())
+    single = json.loads((tmp_path / "single/report.json").read_text())
+    assert sharded["suites"]["size7"]["n"] == single["suites"]["size7"]["n"] == 32
+    keys = ("maze_hash", "success", "path", "failure", "turns")
+    assert [[e[k] for k in keys] for e in sharded["episodes"]] == [[e[k] for k in keys] for e in single["episodes"]]
+
 
 # ---------------------------------------------------------------- the GPU path's defects, shown on gloo
 
