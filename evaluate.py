@@ -52,6 +52,42 @@ def resolve_checkpoint(path: str) -> Path | str:
     return ""
 
 
+RUN_KEYS = ("env", "model")  # what a policy was trained on: its observation and its model/processor settings
+NOT_ADOPTED = {"model.path", "model.gradient_checkpointing", "model.init_seed"}
+
+
+def adopt_run_settings(cfg: DictConfig, policy_dir: Path | str) -> None:
+    """Take the environment and model settings from the run that wrote the checkpoint (``policy/vlmaze_config.yaml``)
+    and the per-turn token limit, so a policy is evaluated on the observation it was trained on. Keys given on the
+    command line win, and are logged; a checkpoint without a recorded config is evaluated with the defaults and a
+    warning line."""
+    from rl.checkpoint import run_config
+
+    recorded = run_config(policy_dir) if Path(str(policy_dir)).is_dir() else None
+    if recorded is None:
+        log.warning("checkpoint=%s records no run config (%s): evaluating with the env/model settings given here "
+                    "and the defaults", cfg.checkpoint, "older run or hub model")
+        return
+    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    adopted, kept = [], []
+    for group in RUN_KEYS:
+        for key, value in (recorded.get(group) or {}).items():
+            name = f"{group}.{key}"
+            if name in NOT_ADOPTED or OmegaConf.select(cfg, name, default="<absent>") == "<absent>":
+                continue
+            if name in given:
+                if OmegaConf.select(cfg, name) != value:
+                    kept.append(f"{name}={OmegaConf.select(cfg, name)} (run: {value})")
+                continue
+            if OmegaConf.select(cfg, name) != value:
+                OmegaConf.update(cfg, name, value, merge=False)
+                adopted.append(f"{name}={value}")
+    if cfg.max_new_tokens == 0 and "algo" in recorded:
+        cfg.max_new_tokens = int(recorded["algo"]["max_new_tokens"])
+    log.info("evaluating with the run's recorded settings%s%s", f": {', '.join(adopted)}" if adopted else
+             " (the defaults match them)", f"; given here, kept: {', '.join(kept)}" if kept else "")
+
+
 def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str, Path]:
     import matplotlib
 
@@ -138,6 +174,9 @@ def main(cfg: DictConfig) -> float | None:
     if cfg.samples < 1:
         fail(f"samples={cfg.samples} must be >= 1")
     out = Path(HydraConfig.get().runtime.output_dir)
+    policy_dir = resolve_checkpoint(cfg.checkpoint) if cfg.policy == "model" and cfg.checkpoint else None
+    if policy_dir is not None:
+        adopt_run_settings(cfg, policy_dir)
     env = EnvSettings.from_config(cfg.env)
     checkpoint = None
     if cfg.policy == "model":
@@ -147,8 +186,7 @@ def main(cfg: DictConfig) -> float | None:
 
         if cfg.checkpoint is None and cfg.model.name != "tiny":
             fail("policy=model needs checkpoint=PATH (or model=tiny for a random tiny model)")
-        model_cfg = OmegaConf.merge(cfg.model, {"path": str(resolve_checkpoint(cfg.checkpoint))}
-                                    if cfg.checkpoint else {})
+        model_cfg = OmegaConf.merge(cfg.model, {"path": str(policy_dir)} if policy_dir is not None else {})
         try:
             model, processor = load_policy(model_cfg)
         except (OSError, ValueError) as err:

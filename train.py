@@ -369,7 +369,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             D.print0(f"ranks in sync at step {step}: parameter checksum {checksum:.6f}")
         path = ckpt_io.save_checkpoint(run_dir, step, policy, processor, optimizer, scheduler, sampler,
                                        {"last_score": metrics_state.get("last_score")},
-                                       keep_last=cfg.trainer.keep_last, export_dtype=compute_dtype)
+                                       keep_last=cfg.trainer.keep_last, export_dtype=compute_dtype,
+                                       config=OmegaConf.to_container(cfg, resolve=True))
         D.print0(f"saved {path}")
 
     # ---------------------------------------------------------------- the loop

@@ -96,10 +96,16 @@ def _sharded_state(policy, optimizer) -> dict:
     return {"model": model_sd, "optim": optim_sd}
 
 
+RUN_CONFIG = "vlmaze_config.yaml"  # in policy/: the resolved config of the run that wrote it
+
+
 def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer=None, scheduler=None, sampler=None,
-                    metrics: dict | None = None, keep_last: int = 0, export_dtype: torch.dtype | None = None) -> Path:
+                    metrics: dict | None = None, keep_last: int = 0, export_dtype: torch.dtype | None = None,
+                    config: dict | None = None) -> Path:
     """Write ``checkpoints/step_<step>`` atomically (every rank calls it: a collective); prune to the newest
-    ``keep_last`` (0 = keep all). Without ``optimizer`` only the HF export and RNG are written (an export)."""
+    ``keep_last`` (0 = keep all). Without ``optimizer`` only the HF export and RNG are written (an export).
+    ``config`` (the run's resolved config) is written to ``policy/vlmaze_config.yaml``: evaluate.py reads the
+    environment and model settings the policy was trained with from it."""
     import torch.distributed.checkpoint as dcp
 
     from models.distributed import full_state_dict
@@ -121,6 +127,10 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
             export = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in export.items()}
         policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export)
         save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
+        if config is not None:
+            from omegaconf import OmegaConf
+
+            OmegaConf.save(OmegaConf.create(config), tmp / "policy" / RUN_CONFIG)
     del export
     D.barrier()
     if D.is_main():
@@ -170,6 +180,14 @@ def load_checkpoint(ckpt: Path, policy, optimizer) -> dict:
     elif rng_file.is_file():
         set_rng_state(json.loads(rng_file.read_text()))
     return state
+
+
+def run_config(policy_dir: str | Path) -> dict | None:
+    """The resolved config recorded beside a policy (``policy/vlmaze_config.yaml``), or None."""
+    from omegaconf import OmegaConf
+
+    path = Path(policy_dir) / RUN_CONFIG
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -196,3 +196,30 @@ def test_evaluate_rejects_a_corrupt_checkpoint(tmp_path):
 def test_suites_list():
     proc = _evaluate(["suites=list"])
     assert proc.returncode == 0 and "fixed64" in proc.stdout and "braided" in proc.stdout
+
+
+def test_checkpoint_records_its_run_and_evaluate_uses_it(tmp_path):
+    """A run trained on a global 16 px view: evaluate.py with no env override evaluates on that observation (and its
+    report says so); a key given on the command line wins; a policy dir without a recorded config warns."""
+    import json
+
+    run = tmp_path / "run"
+    train = subprocess.run([sys.executable, str(ROOT / "train.py"), "env.view=global", "env.pixels_per_cell=16",
+                            "env.pad_before=0", "algo.mazes_per_step=2", "algo.group_size=2", "env.max_turns=2",
+                            "algo.max_new_tokens=12", "trainer.steps=1", "trainer.eval_every=0",
+                            f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert train.returncode == 0, train.stderr[-3000:]
+    ckpt = run / "checkpoints/step_1"
+    proc = _evaluate([f"checkpoint={ckpt}", "suites=[size7]", "figures=false", "env.max_turns=3",
+                      f"hydra.run.dir={tmp_path / 'eval'}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = json.loads((tmp_path / "eval/report.json").read_text())["env"]
+    assert env["view"] == "global" and env["pixels_per_cell"] == 16 and env["pad_before"] == 0
+    assert env["max_turns"] == 3  # given here: wins over the run's 2
+    said = proc.stdout + proc.stderr
+    assert "env.view=global" in said and "env.max_turns=3 (run: 2)" in said
+    # the shipped start predates recorded configs: defaults, and one warning line saying so
+    bare = _evaluate(["checkpoint=checkpoints/tiny_sft", "suites=[size7]", "figures=false", "env.max_turns=1",
+                      f"hydra.run.dir={tmp_path / 'bare'}"])
+    assert bare.returncode == 0 and "records no run config" in bare.stdout + bare.stderr, bare.stderr[-2000:]
