@@ -394,8 +394,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens,
                                       seed=derive_seed(cfg.trainer.seed, step, rank))
             policy.eval()
+            engine.stats.update(prompt_tokens=0, prefilled_tokens=0)
             trajs = rollout(engine, processor, mazes, a.group_size, env, sampling, progress=D.is_main())
-        engine.sleep()  # vLLM on GPU: free the KV cache and weights while training (no-op elsewhere)
+        cache_stats = dict(engine.stats)  # this rollout's prompt tokens, and those the engine had to prefill
+        engine.sleep()  # vLLM on GPU: free the KV cache and weights while training; hf: drop the kept caches
         t_rollout = time.time() - t0
         n_real = len(trajs)
         if not trajs:  # the last SFT batch has fewer rows than ranks: a zero-weight stand-in keeps the collectives
@@ -525,6 +527,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9),
                 "perf/generated_tokens_per_s": tot["resp_tokens"] / max(t_rollout, 1e-9),
             }
+            if cache_stats.get("prompt_tokens"):  # prompt tokens the engine served from its cache (this rank's)
+                hit = 1 - cache_stats["prefilled_tokens"] / cache_stats["prompt_tokens"]
+                scalars["perf/prompt_cache_hit_rate"] = hit
             if not sft:  # does the engine/trainer mismatch grow with the images in context? (turn k has k+1)
                 for k in torch.nonzero(gap_turns[1]).flatten().tolist():
                     scalars[f"logprob_gap_by_turn/turn_{k:02d}"] = float(gap_turns[0, k] / gap_turns[1, k])

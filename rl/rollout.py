@@ -17,6 +17,7 @@ corrects for it).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,9 @@ def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int =
     return e, t
 
 
+_ROLLOUTS = itertools.count()
+
+
 @torch.no_grad()
 def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSettings,
             sampling: SamplingParams, progress: bool = False, desc: str = "rollout") -> list[Trajectory]:
@@ -149,13 +153,15 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
             trajs.append(t)
             envs.append(e)
     live = list(range(len(trajs)))
+    episode_ids = next(_ROLLOUTS)  # keys this rollout's episodes apart from any other's in the engine's cache
     bar = tqdm(total=max(env.turns_for(m.size) for m in mazes), desc=desc, disable=not progress, leave=False)
     turn = 0
     while live:
         seed = None if sampling.seed is None else derive_seed(sampling.seed, turn)
         params = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens,
                                 sampling.stop, seed)
-        completions = engine.generate([Prompt(trajs[i].token_ids, trajs[i].images) for i in live], params)
+        completions = engine.generate([Prompt(trajs[i].token_ids, trajs[i].images, (episode_ids, i)) for i in live],
+                                      params)
         still = []
         for i, comp in zip(live, completions):
             t, e = trajs[i], envs[i]

@@ -43,6 +43,8 @@ class ImageInput:
 class Prompt:
     token_ids: list[int]  # (T,) with image placeholders expanded
     images: list[ImageInput] = field(default_factory=list)  # in order of appearance
+    key: object = None  # the episode this prompt continues (hashable): an engine may keep its KV cache between
+    # turns under it; it still checks that the cached tokens are a prefix of ``token_ids`` before reusing them
 
 
 @dataclass

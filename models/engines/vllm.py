@@ -93,6 +93,7 @@ class VLLMEngine:
         check_vllm_api()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process worker: weights pass by reference
         self.on_gpu = torch.cuda.is_available()
+        self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}  # cache hit rate = 1 - prefilled / prompt
         self.sleep_mode = sleep_mode and self.on_gpu
         self.tokenizer = tokenizer
         from transformers import AutoConfig
@@ -164,6 +165,9 @@ class VLLMEngine:
             logprobs=0, seed=None if sampling.seed is None else derive_seed(sampling.seed, i),
             allowed_token_ids=self.allowed, skip_special_tokens=False) for i in range(len(prompts))]
         outs = self.llm.generate([self._request(p) for p in prompts], params, use_tqdm=False)
+        # prefix-cache hits: a multi-turn prompt should find the previous turn's prompt (and its images) cached
+        self.stats["prompt_tokens"] += sum(len(o.prompt_token_ids or ()) for o in outs)
+        self.stats["prefilled_tokens"] += sum(len(o.prompt_token_ids or ()) - (o.num_cached_tokens or 0) for o in outs)
         completions = []
         for k, (prompt, out) in enumerate(zip(prompts, outs)):
             if prompt.images and len(out.prompt_token_ids) != len(prompt.token_ids):
