@@ -275,3 +275,37 @@ def test_random_start_moves_the_start_to_a_floor_cell_of_a_training_layout():
         assert (moved.grid == m.grid).all() and moved.placement == "random_start"
         assert moved.layout_hash not in eval_layouts()  # the layout, whatever the start, is never an eval one
     assert len(starts) > 4
+
+
+def test_kv_cache_kept_across_turns_gives_the_re_prefill_paths_episodes_and_logprobs():
+    """The shipped SFT start, 12-turn episodes: keeping each episode's KV cache (prefilling only each turn's new
+    tokens) gives the re-prefill path's greedy episodes token for token, the same sampled episodes from the same
+    seed, engine logprobs the trainer reproduces, and serves most prompt tokens from the cache; dropping old
+    frames (env.max_images_in_context) rebuilds the cache and still matches."""
+    from models.build import SHIPPED_SFT, load_policy_dir
+
+    model, processor = load_policy_dir(SHIPPED_SFT)
+    env = EnvSettings(pixels_per_cell=8, pad_to=32, pad_before=8, wall_gray=64, view="egocentric", max_turns=12)
+    mazes = maze.TrainSampler(seed=11).take(3)
+    for sampling in [SamplingParams(temperature=0.0, max_new_tokens=24),
+                     SamplingParams(temperature=1.0, max_new_tokens=24, seed=5)]:
+        runs = {}
+        for reuse in (False, True):
+            engine = HFEngine(model, processor, kv_reuse=reuse)
+            runs[reuse] = (engine, rollout(engine, processor, mazes, 3, env, sampling))
+        assert [t.token_ids for t in runs[True][1]] == [t.token_ids for t in runs[False][1]]
+        engine, trajs = runs[True]
+        assert max(t.num_turns for t in trajs) >= 8
+        assert 1 - engine.stats["prefilled_tokens"] / engine.stats["prompt_tokens"] > 0.8
+    batch = collate([t.token_ids for t in trajs], [t.images for t in trajs], engine.pad_id, engine.image_token_id)
+    with torch.no_grad():
+        logp = token_logprobs(model, batch, engine.banned_token_ids, 1.0)
+    for row, t in enumerate(trajs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        assert (logp[row, :len(t.token_ids)][mask] - torch.tensor(t.rollout_logprobs)[mask]).abs().max() < 1e-4
+    dropping = EnvSettings(**{**env.__dict__, "max_images_in_context": 2})
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    kept = HFEngine(model, processor)
+    a = rollout(kept, processor, mazes[:1], 2, dropping, greedy)
+    b = rollout(HFEngine(model, processor, kv_reuse=False), processor, mazes[:1], 2, dropping, greedy)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b] and max(t.images_dropped for t in a) >= 1
