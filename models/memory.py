@@ -15,8 +15,8 @@ What the code keeps, per GPU (N parameters, W ranks, c bytes of the compute dtyp
     the hf engine's unsharded copy under FSDP2: c N; with vLLM no copy (level-2 sleep frees its weights and KV)
     activations: with gradient checkpointing each decoder layer keeps its input (tokens x H x c) and one layer
       is recomputed at a time (tokens x (8H + 3I) x c); without, every layer keeps (8H + 3I) per token
-    the log-prob head: one chunk of LOGPROB_CHUNK positions x V in fp32, three live copies (logits, shifted,
-      probabilities) plus the compute-dtype projection
+    the log-prob head: one chunk of rl.logprobs.chunk_positions(V) positions x V in fp32, three live copies
+      (logits, shifted, probabilities) plus the compute-dtype projection
   rollout phase
     the trainer's masters and moments stay (12N/W; gradients are freed after the update), the reference shard,
     and vLLM's gpu_memory_utilization x GPU (its weights, KV cache and activations live inside that budget)
@@ -129,8 +129,7 @@ def sequence_tokens(cfg) -> int:
 
 
 def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tokens: int,
-         grad_ckpt: bool, gpu_gib: float = 0.0, gpu_util: float = 0.0, fsdp: bool = True,
-         logprob_chunk: int = 1024) -> dict:
+         grad_ckpt: bool, gpu_gib: float = 0.0, gpu_util: float = 0.0, fsdp: bool = True) -> dict:
     """Bytes per GPU by component and phase; ``peak`` is the largest phase. ``tokens``: per micro-batch."""
     c, n, w = compute_bytes, u.total, (world if fsdp else 1)
     h, i = u.hidden, u.intermediate
@@ -147,7 +146,9 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     hf_copy = c * n if engine == "hf" and fsdp and world >= 1 else 0.0
     per_layer = tokens * (8 * h + 3 * i) * c
     activations = (u.layers * tokens * h * c + per_layer) if grad_ckpt else u.layers * per_layer
-    logits = min(logprob_chunk, tokens) * u.vocab * (3 * 4 + c)
+    from rl.logprobs import chunk_positions
+
+    logits = min(chunk_positions(u.vocab), tokens) * u.vocab * (3 * 4 + c)
     vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0
     train = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,
              "unsharded units in flight": in_flight, "unit gradients and fp32 reduce buffers": unit_grads,

@@ -88,7 +88,13 @@ def masked_logits(logits: torch.Tensor, banned_ids: list[int], temperature: floa
     return logits
 
 
-LOGPROB_CHUNK = 1024  # positions per chunk of the trainer's vocabulary projection
+LOGPROB_CHUNK = 2**27  # elements of one chunk's (positions x vocabulary) fp32 logits: 512 MiB, 883 positions at
+# Qwen3-VL's 151,936 entries (the tiny model's small vocabulary fits a whole micro-batch in one chunk)
+
+
+def chunk_positions(vocab: int) -> int:
+    """Positions per chunk of the trainer's vocabulary projection."""
+    return max(1, LOGPROB_CHUNK // vocab)
 
 
 def _chunk_scores(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, banned: torch.Tensor | None,
@@ -115,7 +121,7 @@ class LogprobHead(torch.nn.Linear):
 
     Outside ``scoring`` it is the plain linear layer (generate, vLLM export). Inside, its output for
     hidden states (B, T, H) is (B, T, 2): the fp32 logprob of ``targets[b, t]`` and the entropy at each
-    position, computed ``LOGPROB_CHUNK`` positions at a time under activation checkpointing, so no
+    position, computed ``chunk_positions(V)`` positions at a time under activation checkpointing, so no
     full-vocabulary tensor is kept for backward (at Qwen3-VL's 151,936 entries a kept fp32 logits +
     log-softmax + probabilities cost 1.8 MB a token; here only the hidden states are kept and one chunk's
     logits are rebuilt in backward). Running inside the model's forward keeps FSDP2's handling of the root
@@ -141,9 +147,9 @@ class LogprobHead(torch.nn.Linear):
         flat_h, flat_t = hidden.reshape(b * t, h), targets.reshape(b * t).to(hidden.device)
         if banned is not None:
             banned = banned.to(hidden.device)
-        out = []
-        for lo in range(0, b * t, LOGPROB_CHUNK):
-            args = (flat_h[lo:lo + LOGPROB_CHUNK], self.weight, flat_t[lo:lo + LOGPROB_CHUNK], banned, temperature,
+        out, step = [], chunk_positions(self.weight.shape[0])
+        for lo in range(0, b * t, step):
+            args = (flat_h[lo:lo + step], self.weight, flat_t[lo:lo + step], banned, temperature,
                     with_entropy)
             if torch.is_grad_enabled():
                 out.append(torch.utils.checkpoint.checkpoint(_chunk_scores, *args, use_reentrant=False))

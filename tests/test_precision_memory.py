@@ -40,7 +40,7 @@ def full_vocab_reference(model, batch, banned, temperature):
     return lp, torch.nn.functional.pad(ent, (1, 0))
 
 
-@pytest.mark.parametrize("chunk", [7, 4096])  # many chunks (one straddles rows) and one
+@pytest.mark.parametrize("chunk", [7, 10**6])  # positions per chunk: many (one straddles rows), and one chunk
 def test_chunked_logprobs_and_gradients_equal_full_vocab(batch, chunk, monkeypatch):
     model, b, banned = batch
     mask = (b["attention_mask"] * torch.rand(b["input_ids"].shape).lt(0.7)).float()
@@ -48,7 +48,7 @@ def test_chunked_logprobs_and_gradients_equal_full_vocab(batch, chunk, monkeypat
     for use_chunks in (False, True):
         model.zero_grad()
         if use_chunks:
-            monkeypatch.setattr(L, "LOGPROB_CHUNK", chunk)
+            monkeypatch.setattr(L, "LOGPROB_CHUNK", chunk * model.lm_head.weight.shape[0])
             lp, ent = token_logprobs(model, b, banned, 0.9, with_entropy=True)
         else:
             lp, ent = full_vocab_reference(model, b, banned, 0.9)

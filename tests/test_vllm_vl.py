@@ -40,8 +40,11 @@ def vl(tmp_path_factory):
 def test_multi_turn_vl_rollouts_match_the_trainer_at_every_turn(vl):
     model, processor, engine = vl
     mazes = maze.TrainSampler(seed=4).take(3)
+    engine.stats.update(prompt_tokens=0, prefilled_tokens=0)
     trajs = rollout(engine, processor, mazes, 2, ENV, SamplingParams(temperature=1.0, max_new_tokens=24, seed=9))
     assert max(len(t.images) for t in trajs) >= 3  # several frames in context, one more each turn
+    # automatic prefix caching with images: each turn's prompt finds the previous turn's (text and frames) cached
+    assert 1 - engine.stats["prefilled_tokens"] / engine.stats["prompt_tokens"] > 0.5, engine.stats
     batch = collate([t.token_ids for t in trajs], [t.images for t in trajs], engine.pad_id, engine.image_token_id)
     with torch.no_grad():
         logp = token_logprobs(model, batch, engine.banned_token_ids, 1.0)
