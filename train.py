@@ -215,6 +215,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
     seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
     a, sft = cfg.algo, cfg.algo.name == "sft"
+    if not sft and a.ppo_epochs == 1 and a.minibatches == 1 and (a.clip_high != a.clip_low or
+                                                                a.ratio_level == "sequence"):
+        log.warning("algo.clip_low/clip_high/ratio_level act only off-policy: with one update per step "
+                    "(algo.ppo_epochs=1, algo.minibatches=1) every ratio is 1 and the clip is never reached")
     if cfg.env.max_images_in_context:
         log.warning("env.max_images_in_context=%d: each episode is trained as one sequence, so turns before the "
                     "last %d are trained without the frames they were sampled from", cfg.env.max_images_in_context,
