@@ -62,7 +62,7 @@ def logprobs(model, trajs: list[Trajectory], sel: list[int], s: Scoring, with_en
 
 
 @torch.no_grad()
-def score(model, trajs: list[Trajectory], rows: list[int], micro_batch: int, s: Scoring) -> torch.Tensor:
+def frozen_logprobs(model, trajs: list[Trajectory], rows: list[int], micro_batch: int, s: Scoring) -> torch.Tensor:
     """Logprobs (N, T_max) of every token of the selected trajectories, in micro-batches, no grad. Every rank
     holds the same number of rows (whole groups, mazes_per_step divisible by the world size), so the
     sharded reference's forwards line up."""

@@ -14,7 +14,7 @@ from models.tiny import build_tiny
 from rl.rewards import episode_reward
 from rl.rollout import Conversation, EnvSettings
 from rl.sft import expert_trajectory
-from rl.update import Scoring, StepBatch, accumulate, score
+from rl.update import Scoring, StepBatch, accumulate, frozen_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def setup():
     tok = processor.tokenizer
     s = Scoring(tok.pad_token_id, model.config.image_token_id, banned_token_ids(tok), 1.0)
     rows = list(range(len(trajs)))
-    lp = score(model, trajs, rows, 8, s)  # the current policy's logprobs: ratio 1 against it
+    lp = frozen_logprobs(model, trajs, rows, 8, s)  # the current policy's logprobs: ratio 1 against it
     width = lp.shape[1]
     mask = torch.zeros((len(trajs), width))
     for i, t in enumerate(trajs):

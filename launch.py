@@ -1,0 +1,124 @@
+"""How a training job starts: the dry-run launch plan, the Slurm job script, the torchrun re-launch.
+
+``train.py`` calls these before any heavy work; nothing here loads weights.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+
+TRAIN = Path(__file__).resolve().parent / "train.py"
+
+
+def launch_plan(cfg) -> str:
+    """World size, processes, precision, engine and the per-GPU memory plan (``models.memory``: what the code keeps,
+    component by component; the architecture is built on the meta device, no weights are loaded)."""
+    from models import memory
+
+    world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
+    torchrun = needs_torchrun(cfg)
+    fsdp = torchrun and cfg.cluster.parallel == "fsdp2"
+    if cfg.model.name == "tiny":
+        from models.tiny import build_tokenizer, tiny_config
+
+        units = memory.count_units(tiny_config(build_tokenizer()))
+    else:
+        units = memory.count_units(memory.arch_config(cfg.model.name))
+    compute_bytes = 4 if cfg.model.dtype == "float32" else 2
+    seq = memory.sequence_tokens(cfg)
+    rows = cfg.algo.micro_batch if cfg.algo.name != "sft" else min(cfg.algo.micro_batch, cfg.algo.sft_batch)
+    p = memory.plan(units, world=world, compute_bytes=compute_bytes, engine=cfg.engine.name,
+                    kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft", tokens=rows * seq,
+                    grad_ckpt=cfg.model.gradient_checkpointing, gpu_gib=cfg.cluster.gpu_memory_gib,
+                    gpu_util=cfg.engine.gpu_memory_utilization, fsdp=fsdp)
+    lines = [
+        f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
+        f"process(es)){' under torchrun' if torchrun else ''}, device {cfg.cluster.device}, backend "
+        f"{cfg.cluster.backend if torchrun else 'none'}, parallel {cfg.cluster.parallel if torchrun else 'none'}, "
+        f"engine {cfg.engine.name}",
+        f"model {cfg.model.name} ({units.total / 1e9:.3f} B params: root {units.root / 1e6:.1f} M, vision "
+        f"{units.vision / 1e6:.1f} M, {units.layers} decoder layers of {units.layer / 1e6:.1f} M), fp32 master "
+        f"weights and AdamW, {cfg.model.dtype} compute" + (" (FSDP2 MixedPrecisionPolicy, fp32 gradient "
+                                                           "reduction)" if fsdp else " (autocast)"),
+        ("algo sft: " f"{cfg.algo.sft_mazes} {cfg.algo.sft_expert} conversations x {cfg.algo.sft_epochs} epochs, "
+         f"{cfg.algo.sft_batch} per step" if cfg.algo.name == "sft" else
+         f"algo {cfg.algo.name}: {cfg.algo.mazes_per_step} mazes x {cfg.algo.group_size} samples per step, "
+         f"{cfg.trainer.steps} steps"),
+        f"tokens per micro-batch <= {rows} x {seq} (prompt {memory.PROMPT_TOKENS} + turns x (image "
+        f"{memory.image_tokens(cfg.env, cfg.model)} + text {memory.TURN_TEXT_TOKENS} + response "
+        f"{cfg.algo.max_new_tokens})), gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}",
+        "per-GPU memory plan (GiB; models/memory.py says what each line counts):",
+        *memory.format_plan(p),
+    ]
+    if cfg.cluster.gpu_memory_gib:
+        verdict = "fits" if p["peak"] <= cfg.cluster.gpu_memory_gib * memory.GIB else "DOES NOT FIT"
+        lines.append(f"device memory: {cfg.cluster.gpu_memory_gib:.0f} GiB: {verdict}")
+    return "\n".join(lines)
+
+
+def write_slurm_script(cfg, run_dir: str) -> Path:
+    """The sbatch script submitit would submit for this job (``hydra/launcher=vlmaze_slurm``), written
+    with submitit's own generator; a dry run here, where no Slurm is installed."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    c = cfg.cluster
+    folder = Path(run_dir) / "submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("dry_run=")]
+    command = " ".join([sys.executable, "-u", str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"])
+    params = {"partition": c.partition or None, "nodes": c.nnodes, "gpus_per_node": c.nproc_per_node,
+              "ntasks_per_node": 1, "cpus_per_task": c.cpus_per_task, "time": c.timeout_min,
+              "job_name": "vlmaze", "signal_delay_s": 120}
+    if c.mem_gb:
+        params["mem"] = f"{c.mem_gb}GB"
+    text = _make_sbatch_string(command=command, folder=str(folder), **params)
+    path = folder / "job.sbatch"
+    path.write_text(text)
+    return path
+
+
+def needs_torchrun(cfg) -> bool:
+    """Every GPU run and every multi-process CPU run trains under torchrun with a process group (cluster=1gpu
+    too: a group of one runs the same code as eight); cluster=cpu is one plain process."""
+    return cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 or cfg.cluster.device == "cuda"
+
+
+def torchrun_command(cfg, run_dir: str) -> list[str]:
+    """torchrun running this script with this job's overrides, every rank writing to ``run_dir``.
+
+    Built from Hydra's record of the job (its overrides), not from ``sys.argv``: under a Hydra launcher the
+    process is not ``python train.py ...`` (hydra-submitit-launcher runs ``python -m submitit.core._submit``,
+    a multirun job's argv holds the whole sweep). One node: ``--standalone`` (a free local port, so jobs
+    sharing a machine never collide); several: the rendezvous endpoint.
+    """
+    c = cfg.cluster
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={c.nproc_per_node}",
+           f"--nnodes={c.nnodes}", f"--max-restarts={c.max_restarts}"]
+    if c.nnodes > 1:
+        cmd += [f"--rdzv-backend={c.rdzv_backend}", f"--rdzv-endpoint={c.rdzv_endpoint}", f"--rdzv-id={c.rdzv_id}"]
+    else:
+        cmd += ["--standalone"]
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
+    quoted = "'" + str(run_dir).replace("\\", "\\\\").replace("'", "\\'") + "'"  # a sweep dir holds = and ,
+    return cmd + [str(TRAIN), *overrides, f"hydra.run.dir={quoted}"]
+
+
+def relaunch_under_torchrun(cfg, run_dir: str) -> int:
+    cmd = torchrun_command(cfg, run_dir)
+    print(f"relaunching under torchrun: {' '.join(cmd)}", flush=True)
+    return subprocess.call(cmd, cwd=os.getcwd())
+
+
+def final_score(run_dir: str, cfg) -> float | None:
+    """The last periodic eval's score on the first suite (what a relaunched job returns to a sweeper)."""
+    import json
+
+    reports = sorted(Path(run_dir, "eval").glob("step_*/report.json"), key=lambda p: int(p.parent.name[5:]))
+    if not reports or not cfg.trainer.eval_suites:
+        return None
+    return json.loads(reports[-1].read_text())["suites"][cfg.trainer.eval_suites[0]]["success_rate"]
