@@ -89,11 +89,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.engines.base import SamplingParams, derive_seed
     from rl import checkpoint as ckpt_io
     from rl.evaluation import evaluate_suites, model_player, write_report
-    from rl.grpo import group_advantages, kl_estimate, nonzero_std_groups
     from rl.rewards import episode_reward
     from rl.rollout import Conversation, EnvSettings, rollout
     from rl.sft import expert_trajectory
-    from rl.update import Scoring, StepBatch, accumulate, frozen_logprobs
+    from rl.update import Scoring, accumulate, build_batch
 
     # ---------------------------------------------------------------- ranks and seeds
     if D.under_torchrun():
@@ -297,47 +296,20 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         if not trajs:  # the last SFT batch has fewer rows than ranks: a zero-weight stand-in keeps the collectives
             trajs = [expert[order[0]]]
 
-        # 2. rewards and advantages (groups are whole on each rank)
+        # 2. rewards, advantages, old/reference logprobs, kept rows (groups are whole on each rank; rl/update.py)
         t0 = time.time()
         rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs[:n_real]])  # (N,)
         success = torch.tensor([float(t.success) for t in trajs[:n_real]])  # (N,)
-        width_all = max(len(t.token_ids) for t in trajs)
-        mask_all = torch.zeros((len(trajs), width_all), dtype=torch.float32)  # (N, T)
-        rollout_lp = torch.zeros_like(mask_all)
-        for i, t in enumerate(trajs[:n_real]):
-            mask_all[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            rollout_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
-
-        all_rows = list(range(n_real))
-        old_lp = ref_lp = None
-        multi_update = not sft and (a.ppo_epochs > 1 or a.minibatches > 1)
-        # on-policy with one update: the update's own forward gives the old logprobs (no extra pass)
-        if multi_update or (reference is not None and a.kl_in == "reward"):
-            policy.eval()
-            old_lp = frozen_logprobs(policy, trajs, all_rows, a.micro_batch, scoring)
-        if reference is not None:
-            ref_lp = frozen_logprobs(reference, trajs, all_rows, a.micro_batch, scoring)
-        if ref_lp is not None and a.kl_in == "reward":
-            kl_seq = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask_all).sum(-1)  # (N,)
-            rewards = rewards - a.kl_coef * kl_seq
-        if sft:
-            advantages = torch.zeros(len(trajs))
-            keep = torch.ones(len(trajs), dtype=torch.bool)
-        else:
-            advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
-            if faults.active("flip_advantage", step + 1):
-                advantages = -advantages
-            if faults.active("uniform_rewards_last_rank", step + 1) and rank == world - 1 and world > 1:
-                rewards = torch.zeros_like(rewards)  # this rank's groups all lose their variance (DAPO test)
-            keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(trajs),
-                                                                                                  dtype=torch.bool)
-        kept = [i for i in all_rows if keep[i]]
+        if faults.active("uniform_rewards_last_rank", step + 1) and rank == world - 1 and world > 1:
+            rewards = torch.zeros_like(rewards)  # this rank's groups all lose their variance (DAPO test)
+        batch = build_batch(trajs, rewards, a, scoring, sft=sft, n_real=n_real, policy=policy, reference=reference,
+                            flip=faults.active("flip_advantage", step + 1))
+        rewards, kept, mask_all = batch.rewards, batch.kept, batch.mask
         if a.filter_zero_std and world > 1:
             per_rank = D.all_gather_objects(len(kept) // a.group_size)
             if len(set(per_rank)) > 1:
                 D.print0(f"step {step + 1}: groups kept per rank {per_rank} (the shorter ranks run zero-weight "
                          "micro-batches)")
-        batch = StepBatch(trajs, mask_all, rollout_lp, advantages, old_lp if multi_update else None, ref_lp)
         t_prepare = time.time() - t0
 
         # 3. updates: ppo epochs x minibatches, micro-batched, global normalisers (rl/update.py)

@@ -1,9 +1,9 @@
 """One vlmaze GRPO step (rollout -> rewards/advantages -> update) for the benchmarks.
 
-The same library calls ``train.py`` makes, without its logging and checkpointing: on-policy with
-one PPO epoch, so the old logprobs are the current ones detached (no extra forward), no KL (no
-reference model), images encoded once per rollout by the hf engine, one packed (or padded)
-forward and backward over the whole batch in which each distinct image is encoded once.
+The same library calls ``train.py`` makes (``rl.rollout.rollout``, ``rl.update.build_batch``,
+``rl.update.accumulate``), without its logging and checkpointing: on-policy with one PPO epoch, so the old
+logprobs are the current ones detached (no extra forward), no KL (no reference model), token-mean loss, one
+packed (or padded) forward and backward over the whole batch in which each distinct image is encoded once.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 
 import torch
+from omegaconf import OmegaConf
 
+from conf.schema import AlgoConfig
 from models.engines.base import SamplingParams
 from models.engines.hf import HFEngine
-from rl.grpo import aggregate, group_advantages, policy_loss
-from rl.packing import sequence_logprobs
 from rl.rollout import rollout
+from rl.update import Scoring, accumulate, build_batch
 
 
 class GRPOStep:
@@ -41,26 +42,23 @@ class GRPOStep:
         return {"generate": t1 - t0, **res, "step": time.perf_counter() - t0}
 
     def update(self, trajs, packing: bool) -> dict:
-        """Rewards, advantages, then one forward/backward/optimizer step over ``trajs``."""
+        """The step's batch (``rl.update.build_batch``), then one forward/backward (``rl.update.accumulate``, the
+        whole batch in one micro-batch) and one optimizer step over ``trajs``: train.py's own calls."""
         e, model = self.engine, self.model
         t1 = time.perf_counter()
-        rewards = torch.tensor([self.reward(t) for t in trajs])
-        adv = group_advantages(rewards, self.group_size)
-        seqs, images = [t.token_ids for t in trajs], [t.images for t in trajs]
-        width = max(len(s) for s in seqs)
-        mask = torch.zeros((len(trajs), width))
-        for r, t in enumerate(trajs):
-            mask[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float)
+        algo = OmegaConf.structured(AlgoConfig(group_size=self.group_size, clip_low=self.clip, clip_high=self.clip,
+                                               loss_agg="token_mean", micro_batch=len(trajs),
+                                               temperature=self.temperature))
+        scoring = Scoring(e.pad_id, e.image_token_id, e.banned_token_ids, self.temperature, packing=packing)
+        batch = build_batch(trajs, torch.tensor([self.reward(t) for t in trajs]), algo, scoring)
         t2 = time.perf_counter()
         model.train()
-        lp = sequence_logprobs(model, seqs, images, e.pad_id, e.image_token_id, e.banned_token_ids,
-                               self.temperature, packing=packing)
-        out = policy_loss(lp, lp.detach(), adv, mask, self.clip, self.clip)
-        loss = aggregate(out.loss_per_token, mask, "token_mean", float(mask.sum()), float(len(trajs)), 1.0)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        accumulate(model, batch, batch.kept, algo, scoring, sft=False)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         self.opt.step()
         t3 = time.perf_counter()
-        return {"score": t2 - t1, "update": t3 - t2, "tokens": float(mask.sum()),
-                "context_tokens": float(sum(len(s) for s in seqs)), "padded_tokens": float(len(seqs) * width)}
+        seqs = [t.token_ids for t in trajs]
+        return {"score": t2 - t1, "update": t3 - t2, "tokens": float(batch.mask.sum()),
+                "context_tokens": float(sum(len(x) for x in seqs)),
+                "padded_tokens": float(len(seqs) * max(len(x) for x in seqs))}

@@ -1,7 +1,7 @@
-"""The trainer's side of one step: score trajectories, and accumulate one minibatch's gradient.
+"""The trainer's side of one step: build the step's batch from trajectories, accumulate a minibatch's gradient.
 
-``accumulate`` is what train.py runs for every minibatch; it is a function so that the tests can run the
-same update on one rank and on two (the gradient must not depend on the world size).
+``build_batch`` and ``accumulate`` are what train.py (and the benchmarks) run every step; they are functions so
+that the tests can run the same update on one rank and on two (the gradient must not depend on the world size).
 
 Every rank runs the same number of forward/backward calls: under FSDP2 each one is a sequence of
 collectives, so a rank with less work (DAPO's filter keeps different numbers of groups per rank; the last
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rl import dist as D
-from rl.grpo import aggregate, kl_estimate, policy_loss
+from rl.grpo import aggregate, group_advantages, kl_estimate, nonzero_std_groups, policy_loss
 from rl.logprobs import gap_by_turn
 from rl.types import Trajectory
 
@@ -47,6 +47,44 @@ class StepBatch:
     advantages: torch.Tensor  # (N,)
     old_lp: torch.Tensor | None = None  # (N, T) when there is more than one update per step
     ref_lp: torch.Tensor | None = None  # (N, T) when KL is on
+    rewards: torch.Tensor | None = None  # (n,) the real rows' rewards (after KL-in-reward)
+    kept: list[int] | None = None  # rows the update trains on (DAPO's filter drops zero-variance groups)
+
+
+def build_batch(trajs: list[Trajectory], rewards: torch.Tensor, algo, s: Scoring, *, sft: bool = False,
+                n_real: int | None = None, policy=None, reference=None, flip: bool = False) -> StepBatch:
+    """Everything the update needs from one rank's trajectories, in one place: the masks and engine logprobs
+    (N, T); the old policy's logprobs when there is more than one update per step (on-policy with one update,
+    the update's own forward is the old policy: no extra pass); the reference's when KL is on (subtracted from
+    the rewards with ``algo.kl_in=reward``); group advantages (``flip``: negated, the learning test's fault);
+    the rows kept by DAPO's zero-variance filter. Rows past ``n_real`` are zero-weight stand-ins.
+    """
+    a = algo
+    n_real = len(trajs) if n_real is None else n_real
+    width = max(len(t.token_ids) for t in trajs)
+    mask = torch.zeros((len(trajs), width), dtype=torch.float32)  # (N, T)
+    rollout_lp = torch.zeros_like(mask)
+    for i, t in enumerate(trajs[:n_real]):
+        mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        rollout_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
+    rows = list(range(n_real))
+    if sft:
+        return StepBatch(trajs, mask, rollout_lp, torch.zeros(len(trajs)), rewards=rewards, kept=rows)
+    multi_update = a.ppo_epochs > 1 or a.minibatches > 1
+    old_lp = ref_lp = None
+    if multi_update or (reference is not None and a.kl_in == "reward"):
+        policy.eval()
+        old_lp = frozen_logprobs(policy, trajs, rows, a.micro_batch, s)
+    if reference is not None:
+        ref_lp = frozen_logprobs(reference, trajs, rows, a.micro_batch, s)
+    if ref_lp is not None and a.kl_in == "reward":
+        rewards = rewards - a.kl_coef * (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask).sum(-1)
+    advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
+    if flip:
+        advantages = -advantages
+    keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(rows), dtype=torch.bool)
+    return StepBatch(trajs, mask, rollout_lp, advantages, old_lp if multi_update else None, ref_lp, rewards,
+                     [i for i in rows if keep[i]])
 
 
 def logprobs(model, trajs: list[Trajectory], sel: list[int], s: Scoring, with_entropy: bool = False):
