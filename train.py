@@ -303,7 +303,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         if faults.active("uniform_rewards_last_rank", step + 1) and rank == world - 1 and world > 1:
             rewards = torch.zeros_like(rewards)  # this rank's groups all lose their variance (DAPO test)
         batch = build_batch(trajs, rewards, a, scoring, sft=sft, n_real=n_real, policy=policy, reference=reference,
-                            flip=faults.active("flip_advantage", step + 1))
+                            flip=faults.active("flip_advantage", step + 1), reward_cfg=cfg.reward)
         rewards, kept, mask_all = batch.rewards, batch.kept, batch.mask
         if a.filter_zero_std and world > 1:
             per_rank = D.all_gather_objects(len(kept) // a.group_size)

@@ -69,6 +69,9 @@ class AlgoConfig:
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step), after the linear warmup
     adv_estimator: str = "grpo"  # grpo | rloo
+    adv_level: str = "episode"  # episode | turn: GiGPO's step-level advantage from shared anchor states, added
+    step_adv_weight: float = 1.0  # adv_level=turn: weight of the step-level advantage
+    gamma: float = 0.95  # adv_level=turn: discount of the per-turn rewards in a turn's return
     norm_adv_by_std: bool = True  # false = Dr. GRPO
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low = DAPO clip-higher
@@ -207,6 +210,7 @@ CHOICES = {
     "env.interface": ("vlmaze", "reference"),
     "algo.name": ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "sft"),
     "algo.adv_estimator": ("grpo", "rloo"),
+    "algo.adv_level": ("episode", "turn"),
     "algo.ratio_level": ("token", "sequence"),
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
@@ -253,6 +257,8 @@ def validate(cfg) -> None:
                 "trainer.keep_last", "env.max_images_in_context", "env.pad_before"]:
         if get(key) < 0:
             raise ConfigError(f"{key}={get(key)} must be >= 0")
+    if not 0 <= cfg.algo.gamma <= 1:
+        raise ConfigError(f"algo.gamma={cfg.algo.gamma} must be in [0, 1]")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
     if cfg.env.braid > 1:

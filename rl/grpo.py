@@ -10,6 +10,9 @@ Departures from the GRPO paper (DeepSeekMath), each one config key:
 - KL to the reference with estimators k1/k2/k3 (Schulman), in the loss (the paper, k3) or
   subtracted from the reward (PPO-RLHF style).
 - ``tis_cap``: truncated importance sampling between trainer and engine logprobs.
+- ``adv_level=turn``: turn-level credit (GiGPO, Feng et al. 2025): turns taken from the same anchor state
+  (same maze, same cell) across a group are compared by their discounted returns, and that step-level
+  advantage is added, weighted, to the episode-level one of every token of the turn.
 
 Shapes: N sequences, T tokens. ``mask`` (N, T) is 1 on model-written tokens. Normalisers are
 *global* (the whole step's batch over all ranks and micro-batches), so summing the losses of
@@ -43,6 +46,44 @@ def group_advantages(rewards: torch.Tensor, group_size: int, estimator: str = "g
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
     return adv.reshape(-1)
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """R_t = sum_k>=t gamma^(k-t) r_k for one episode's per-turn rewards."""
+    out, acc = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        acc = rewards[t] + gamma * acc
+        out[t] = acc
+    return out
+
+
+def turn_advantages(episode_adv: torch.Tensor, returns: list[list[float]], anchors: list[list], group_size: int,
+                    weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6) -> list[list[float]]:
+    """GiGPO's advantage of every turn: episode_adv[i] + weight * A_step, episodes group-major (N = B * G).
+
+    A_step compares the turns of one group that start from the same anchor state (``anchors[i][t]``, e.g. the
+    agent's cell): (R_t - mean) / (std + eps) over that anchor group's discounted returns (std unbiased, as for
+    episodes; without std normalisation R_t - mean). An anchor visited once has no comparison: A_step = 0.
+    """
+    out = []
+    for g in range(len(returns) // group_size):
+        members = range(g * group_size, (g + 1) * group_size)
+        by_anchor: dict = {}
+        for i in members:
+            for t, key in enumerate(anchors[i]):
+                by_anchor.setdefault(key, []).append(returns[i][t])
+        stats = {}
+        for key, vals in by_anchor.items():
+            v = torch.tensor(vals, dtype=torch.float64)
+            stats[key] = (float(v.mean()), float(v.std()) if len(vals) > 1 else 0.0, len(vals))
+        for i in members:
+            row = []
+            for t, key in enumerate(anchors[i]):
+                mean, std, n = stats[key]
+                step = 0.0 if n < 2 else (returns[i][t] - mean) / ((std + eps) if norm_by_std else 1.0)
+                row.append(float(episode_adv[i]) + weight * step)
+            out.append(row)
+    return out
 
 
 def nonzero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -97,14 +138,15 @@ class PolicyLossOut:
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float, clip_high: float, ratio_level: str = "token",
                 rollout_logp: torch.Tensor | None = None, tis_cap: float = 0.0) -> PolicyLossOut:
-    """Clipped surrogate, per token. logp/old_logp/rollout_logp/mask (N, T); advantages (N,).
+    """Clipped surrogate, per token. logp/old_logp/rollout_logp/mask (N, T); advantages (N,) or (N, T).
 
     token: r_t = exp(logp_t - old_t). sequence (GSPO): s = exp(mean_t(logp - old)) per sequence,
     applied per token as sg(s) * exp(logp_t - sg(logp_t)) so its gradient is s * grad logp_t.
     TIS: each token's loss is weighted by min(exp(old - rollout), tis_cap) when tis_cap > 0.
     """
     m = mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype).unsqueeze(-1)  # (N, 1)
+    adv = advantages.to(logp.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (N, 1) per sequence, or (N, T) per token (turn level)
     log_ratio = (logp - old_logp) * m
     if ratio_level == "token":
         ratio = torch.exp(log_ratio)

@@ -51,8 +51,31 @@ class StepBatch:
     kept: list[int] | None = None  # rows the update trains on (DAPO's filter drops zero-variance groups)
 
 
+def turn_token_advantages(trajs: list[Trajectory], episode_adv: torch.Tensor, mask: torch.Tensor, algo,
+                          reward_cfg) -> torch.Tensor:
+    """(N, T) advantages: each generated token gets its turn's GiGPO advantage (``rl.grpo.turn_advantages``) from
+    the per-turn rewards' discounted returns; a turn's anchor is the agent's cell before it (the maze is the
+    group's)."""
+    from rl.grpo import discounted_returns, turn_advantages
+    from rl.logprobs import turn_index
+    from rl.rewards import turn_rewards
+
+    returns = [discounted_returns(turn_rewards(t, reward_cfg), algo.gamma) for t in trajs]
+    anchors = [[tuple(p) for p in t.path[:-1]] for t in trajs]  # the cell each turn starts from
+    per_turn = turn_advantages(episode_adv, returns, anchors, algo.group_size, algo.step_adv_weight,
+                               algo.norm_adv_by_std, algo.eps)
+    out = torch.zeros_like(mask)
+    turns = turn_index(mask[:len(trajs)]).clamp(min=0)
+    for i, row in enumerate(per_turn):
+        if row:
+            values = torch.tensor(row, dtype=out.dtype)
+            out[i] = values[turns[i].clamp(max=len(row) - 1)] * (mask[i] > 0)
+    return out
+
+
 def build_batch(trajs: list[Trajectory], rewards: torch.Tensor, algo, s: Scoring, *, sft: bool = False,
-                n_real: int | None = None, policy=None, reference=None, flip: bool = False) -> StepBatch:
+                n_real: int | None = None, policy=None, reference=None, flip: bool = False,
+                reward_cfg=None) -> StepBatch:
     """Everything the update needs from one rank's trajectories, in one place: the masks and engine logprobs
     (N, T); the old policy's logprobs when there is more than one update per step (on-policy with one update,
     the update's own forward is the old policy: no extra pass); the reference's when KL is on (subtracted from
@@ -80,6 +103,10 @@ def build_batch(trajs: list[Trajectory], rewards: torch.Tensor, algo, s: Scoring
     if ref_lp is not None and a.kl_in == "reward":
         rewards = rewards - a.kl_coef * (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask).sum(-1)
     advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
+    if a.adv_level == "turn":  # GiGPO: per turn, from the anchor states the group shares
+        if reward_cfg is None:
+            raise ValueError("algo.adv_level=turn needs the reward config (per-turn rewards)")
+        advantages = turn_token_advantages(trajs[:n_real], advantages, mask, a, reward_cfg)
     if flip:
         advantages = -advantages
     keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(rows), dtype=torch.bool)
@@ -146,7 +173,8 @@ def accumulate(policy, b: StepBatch, rows: list[int], algo, s: Scoring, *, sft: 
             stats["pg"] += loss.item()
         else:
             old = b.old_lp[sel, :width] if b.old_lp is not None else lp.detach()
-            out = policy_loss(lp, old, b.advantages[sel], m, a.clip_low, a.clip_high, a.ratio_level,
+            adv = b.advantages[sel] if b.advantages.dim() == 1 else b.advantages[sel, :width]
+            out = policy_loss(lp, old, adv, m, a.clip_low, a.clip_high, a.ratio_level,
                               b.rollout_lp[sel, :width], a.tis_cap)
             loss = aggregate(out.loss_per_token, m, a.loss_agg, g_tokens, g_seqs, a.norm_len)
             stats["pg"] += loss.item()

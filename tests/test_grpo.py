@@ -114,3 +114,65 @@ def test_turn_index_and_the_logprob_gap_per_turn_by_hand():
     assert counts.tolist() == [3, 3, 3]
     sums, counts = gap_by_turn(torch.zeros_like(mask), engine, mask, turns=2)  # later turns pooled into the last
     assert counts.tolist() == [3, 6] and sums[1] == pytest.approx(1.3 + 2.7)
+
+
+def test_turn_level_advantages_gigpo_by_hand():
+    from rl.grpo import discounted_returns, turn_advantages
+
+    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert discounted_returns([0.1, -0.2], 1.0) == pytest.approx([-0.1, -0.2])
+    # one group of two episodes; both start in cell s0, then go separate ways (anchors seen once: no step term)
+    episode = torch.tensor([0.7071, -0.7071])
+    returns = [[0.5, 0.6, 1.0], [0.2, 0.1]]
+    anchors = [["s0", "s1", "s2"], ["s0", "s3"]]
+    adv = turn_advantages(episode, returns, anchors, group_size=2, weight=1.0)
+    # at s0: returns 0.5 and 0.2, mean 0.35, unbiased std 0.2121: (0.5 - 0.35) / 0.2121 = +0.7071, and -0.7071
+    assert adv[0] == pytest.approx([0.7071 + 0.7071, 0.7071, 0.7071], abs=1e-3)
+    assert adv[1] == pytest.approx([-0.7071 - 0.7071, -0.7071], abs=1e-3)
+    half = turn_advantages(episode, returns, anchors, group_size=2, weight=0.5, norm_by_std=False)
+    assert half[0][0] == pytest.approx(0.7071 + 0.5 * 0.15, abs=1e-6) and half[1][0] == pytest.approx(-0.7071 - 0.075)
+    # two groups never mix: the same anchor name in another group is another state
+    two = turn_advantages(torch.zeros(4), [[1.0], [0.0], [5.0], [5.0]], [["s"], ["s"], ["s"], ["s"]], group_size=2)
+    assert two[0][0] > 0 > two[1][0] and two[2][0] == two[3][0] == 0.0
+
+
+def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advantage():
+    from omegaconf import OmegaConf
+
+    from conf.schema import AlgoConfig, RewardConfig
+    from maze import TrainSampler
+    from models.engines.base import SamplingParams
+    from models.engines.hf import HFEngine
+    from models.tiny import build_tiny
+    from rl.rewards import episode_reward, turn_rewards
+    from rl.rollout import EnvSettings, rollout
+    from rl.update import turn_token_advantages
+
+    model, processor = build_tiny(0)
+    trajs = rollout(HFEngine(model, processor), processor, TrainSampler(seed=2).take(2), 2, EnvSettings(max_turns=4),
+                    SamplingParams(temperature=1.0, max_new_tokens=10, seed=3))
+    shaped = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
+                                               invalid_penalty=0.1, revisit_penalty=0.02, success=1.0))
+    for t in trajs:
+        for cfg in (shaped, OmegaConf.structured(RewardConfig(name="sparse"))):
+            assert sum(turn_rewards(t, cfg)) == pytest.approx(episode_reward(t, cfg), abs=1e-9)
+            assert len(turn_rewards(t, cfg)) == t.num_turns
+    width = max(len(t.token_ids) for t in trajs)
+    mask = torch.zeros((len(trajs), width))
+    for i, t in enumerate(trajs):
+        mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    algo = OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn"))
+    episode = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    adv = turn_token_advantages(trajs, episode, mask, algo, shaped)
+    from rl.grpo import discounted_returns, turn_advantages
+    from rl.logprobs import turn_index
+
+    per_turn = turn_advantages(episode, [discounted_returns(turn_rewards(t, shaped), 0.95) for t in trajs],
+                               [[tuple(p) for p in t.path[:-1]] for t in trajs], 2)
+    turns = turn_index(mask)
+    for i in range(len(trajs)):
+        on = mask[i] > 0
+        assert torch.allclose(adv[i][on], torch.tensor(per_turn[i])[turns[i][on]])
+        assert (adv[i][~on] == 0).all()
+    # every group shares its first cell: the first turns are compared, so the step term is not all zero
+    assert any(abs(per_turn[i][0] - float(episode[i])) > 1e-9 for i in range(len(trajs)))
