@@ -1,5 +1,6 @@
 """Faults: exact resume, a corrupt newest checkpoint, SIGTERM, a killed rank under torchrun."""
 
+import contextlib
 import os
 import re
 import signal
@@ -92,8 +93,24 @@ def test_killed_rank_restarts_under_torchrun_and_finishes(tmp_path):
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
-    # a watchdog: a hung restart must fail the test, not hang it (seen once in ~8 runs: see README)
-    watchdog = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    # a watchdog: a hung restart must fail the test, not hang it (see README). torchrun's workers may outlive
+    # their agent (and hold the output pipe open), so every process seen under the job is killed, not only its group
+    seen: set = set()
+
+    def track():
+        while proc.poll() is None and not stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+            stop.wait(1.0)
+
+    def kill_all():
+        for pid in [proc.pid, *seen]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    stop = threading.Event()
+    threading.Thread(target=track, daemon=True).start()
+    watchdog = threading.Timer(600, kill_all)
     watchdog.start()
     lines, killed = [], False
     deadline = time.time() + 900
@@ -110,6 +127,7 @@ def test_killed_rank_restarts_under_torchrun_and_finishes(tmp_path):
             break
     out = "".join(lines)
     watchdog.cancel()
+    stop.set()
     assert proc.wait(timeout=60) == 0 and killed, out[-4000:]
     assert "resumed from" in out and "step 4/4" in out
     assert (tmp_path / "checkpoints/step_4/policy/model.safetensors").is_file()
