@@ -144,7 +144,8 @@ def test_dapo_under_fsdp2_with_ranks_keeping_different_numbers_of_groups(tmp_pat
     none, rank 0 keeps its groups, and the step still completes (zero-weight micro-batches on the short rank).
     In bf16 compute on fp32 masters, as on GPUs (the hf engine's copy, the export and the checkpoint too)."""
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "cluster=cpu2", "cluster.parallel=fsdp2",
-                           "model.dtype=bfloat16", "algo=dapo", "trainer.steps=2", "trainer.save_every=0", *TINY, "algo.mazes_per_step=4",
+                           "model.dtype=bfloat16", "algo=dapo", "trainer.steps=2", "trainer.save_every=0", *TINY,
+                           "algo.mazes_per_step=4",
                            "algo.max_new_tokens=32", "env.max_turns=6", "algo.group_size=4",
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**ENV, "VLMAZE_FAULTS": "uniform_rewards_last_rank@1"})
