@@ -29,15 +29,18 @@ def mixed_precision_policy(compute_dtype: torch.dtype):
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True) -> None:
-    """Shard ``model`` in place (vision tower, each decoder layer, root) with the mixed-precision policy."""
+def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32) -> None:
+    """Shard ``model`` in place (vision tower, each decoder layer, root) with the mixed-precision policy.
+
+    ``reshard_after_forward`` is left to FSDP2: units reshard after their forward, the root keeps its gathered
+    embeddings and lm_head until backward (passing it explicitly would make the root regather them)."""
     from torch.distributed.fsdp import fully_shard
 
     mp = mixed_precision_policy(compute_dtype)
-    fully_shard(model.model.visual, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model.model.visual, mp_policy=mp)
     for layer in model.model.language_model.layers:
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
 
 
 def is_sharded(model) -> bool:
