@@ -96,7 +96,7 @@ def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str,
     import numpy as np
     from PIL import Image
 
-    from maze.render import render_path
+    from maze.env import render_path
 
     paths = {}
     suites = report["suites"]
@@ -147,10 +147,10 @@ def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str,
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from maze.evalsets import load_suite, suite_names
+    from maze.core import load_suite, suite_names
+    from maze.env import EnvSettings
     from rl.evaluation import compare_reports, evaluate_suites, report_markdown, write_report
     from rl.policies import POLICIES, play
-    from rl.rollout import EnvSettings
 
     if cfg.compare:
         for p in cfg.compare:

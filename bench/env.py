@@ -37,7 +37,7 @@ def rate(fn, seconds: float, repeats: int = 5) -> float:
 
 
 def bench(size: int, seconds: float) -> dict[str, float]:
-    env = maze.MazeEnv(size=size, pixels_per_cell=25, max_turns=10**9)
+    env = maze.MazeEnv(size=size, turn_limit=10**9, **maze.REFERENCE_VIEW)
     mazes = [maze.generate_maze(size, s) for s in range(32)]
     state = {"i": 0}
 

@@ -26,9 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maze import TrainSampler  # noqa: E402
+from maze.env import EnvSettings  # noqa: E402
 from models.build import load_policy_dir  # noqa: E402
-from rl.logprobs import collate  # noqa: E402
-from rl.rollout import Conversation, EnvSettings  # noqa: E402
+from models.forward import collate  # noqa: E402
+from rl.rollout import Conversation  # noqa: E402
 from rl.sft import expert_trajectory  # noqa: E402
 
 DECISIONS = {"up", "down", "left", "right", "stop", "on"}

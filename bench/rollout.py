@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,11 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import maze  # noqa: E402
+from maze.env import EnvSettings  # noqa: E402
 from models.engines.base import Completion, SamplingParams  # noqa: E402
 from models.engines.hf import HFEngine  # noqa: E402
+from models.forward import collate  # noqa: E402
 from models.tiny import build_tiny, build_tiny_text  # noqa: E402
-from rl.logprobs import collate  # noqa: E402
-from rl.rollout import EnvSettings, rollout  # noqa: E402
+from rl.rollout import rollout  # noqa: E402
 
 
 class NaiveEngine(HFEngine):
@@ -140,7 +142,7 @@ def bench_multi_turn(n_mazes: int, group: int, turns: int) -> float:
     with never_ending():
         for name, reuse in [("re-prefill", False), ("kv-reuse", True)]:
             engine = TimedEngine(HFEngine(model, processor, kv_reuse=reuse))
-            rollout(engine, processor, mazes[:1], 1, EnvSettings(**{**env.__dict__, "max_turns": 2}), greedy)
+            rollout(engine, processor, mazes[:1], 1, replace(env, max_turns=2), greedy)
             engine.times = []
             t0 = time.perf_counter()
             trajs = rollout(engine, processor, mazes, group, env, greedy)
@@ -174,7 +176,7 @@ def bench_multi_turn(n_mazes: int, group: int, turns: int) -> float:
     speedup = old[0] / new[0]
 
     # the default job's own rollouts: sampled, 20-turn budget, episodes end as they end
-    job_env = EnvSettings(**{**env.__dict__, "max_turns": 20})
+    job_env = replace(env, max_turns=20)
     times = {}
     for name, reuse in [("re-prefill", False), ("kv-reuse", True)]:
         engine = HFEngine(model, processor, kv_reuse=reuse)

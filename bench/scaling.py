@@ -26,9 +26,9 @@ import torch  # noqa: E402
 
 from bench.common import GRPOStep  # noqa: E402
 from maze import TrainSampler  # noqa: E402
+from maze.env import EnvSettings  # noqa: E402
 from models.build import SHIPPED_SFT, load_policy_dir  # noqa: E402
 from models.tiny import build_tiny  # noqa: E402
-from rl.rollout import EnvSettings  # noqa: E402
 
 BASE = {"group": 4, "mazes": 2, "turns": 4, "images": 0}
 AXES = {"group": [4, 8, 16, 32], "mazes": [1, 2, 4, 8], "turns": [2, 4, 8, 16], "images": [1, 2, 4, 0]}

@@ -30,9 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from maze import TrainSampler  # noqa: E402
-from maze.actions import parse_action  # noqa: E402
-from maze.env import MazeEnv  # noqa: E402
-from maze.solver import expert_actions  # noqa: E402
+from maze.core import expert_actions  # noqa: E402
+from maze.env import (
+    MazeEnv,  # noqa: E402
+    parse_action,  # noqa: E402
+)
 from models.tiny import build_tiny  # noqa: E402
 
 LR, CLIP = 1e-4, 0.2
@@ -53,7 +55,7 @@ def mazes_for(args) -> list:
 
 
 def observation(maze, ppc: int, pad: int):
-    env = MazeEnv(size=maze.size, pixels_per_cell=ppc, pad_to=pad, max_turns=1)
+    env = MazeEnv(size=maze.size, pixels_per_cell=ppc, pad_to=pad, turn_limit=1)
     obs, _ = env.reset(options={"maze": maze})
     return obs
 
@@ -61,7 +63,7 @@ def observation(maze, ppc: int, pad: int):
 # --------------------------------------------------------------------------- vlmaze side
 def run_vlmaze(args) -> dict:
     from bench.common import GRPOStep
-    from rl.rollout import EnvSettings
+    from maze.env import EnvSettings
 
     torch.manual_seed(0)
     model, processor = build_tiny(0)

@@ -14,12 +14,17 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from maze.env import EnvSettings
+
 
 @dataclass
 class ModelConfig:
     name: str = "tiny"  # tiny | qwen3_vl_2b | qwen3_vl_4b | qwen3_vl_8b
     path: str | None = None  # hub id or local HF dir; for tiny: an HF dir to start from (else random init)
     init_seed: int = 0  # tiny only: seed of the random initialisation
+    tiny_layers: int = 3  # tiny, random init only: language-model layers (a checkpoint brings its own)
+    tiny_hidden: int = 128  # tiny, random init only: language-model width, a multiple of 64
+    tiny_vision_depth: int = 3  # tiny, random init only: vision-tower layers (>= 2; the last two feed deepstack)
     dtype: str = "float32"  # float32 | bfloat16 (trainer compute dtype)
     attn_implementation: str = "auto"  # auto (flash_attention_2 if it imports, else sdpa) | sdpa | eager
     trust_remote_code: bool = False  # never on unless you set it
@@ -29,34 +34,15 @@ class ModelConfig:
 
 
 @dataclass
-class EnvConfig:
-    size: int = 9  # maze side in cells incl. the outer wall (odd, 5-31); maze_easy = 9, maze_hard = 11
+class EnvConfig(EnvSettings):
+    """``env.*``: the environment's settings (``maze.env.EnvSettings``: their defaults and documentation live
+    there, once) and the training distribution below."""
+
     train_sizes: list[int] = field(default_factory=list)  # training size mixture; empty = [size]
     generators: list[str] = field(default_factory=lambda: ["wilson"])  # wilson|backtracker|prim|kruskal
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners4"  # corners4: one of the reference's four corner pairs | corners: top-left to
     # bottom-right only | random: two rooms at BFS distance >= the size
-    # The defaults are the tiny CPU recipe; +experiment=reference_8b sets the reference's (global view, 32 px per
-    # cell, gray 169 walls, no padding before). Why: README, Status.
-    pixels_per_cell: int = 8  # 8 px: a (2N-1)-cell egocentric window of a 9x9 maze is 136 px + 8 -> 160: 25 tokens
-    pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
-    wall_gray: int = 64  # gray level of walls; the reference palette is 169, which after the processor's
-    # normalisation is 0.325 x white: LayerNorm cannot tell it from white without a bias. 64 is a negative multiple
-    pad_before: int = 8  # global view: px of wall before the maze (top, left). Egocentric view: where the agent's
-    # cell starts in its pad_to block, for every maze size (8 at 8 px/cell: the agent and its 4 neighbours share
-    # one merged token)
-    view: str = "egocentric"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
-    # the agent, so the whole maze stays in view and the agent's neighbours sit in fixed image tokens
-    grid_lines: bool = False
-    max_turns: int = 20  # turns per episode at env.size, the final stop included (the reference: 20 at 9x9); a bump
-    # or an invalid action is a turn; larger mazes get it scaled by area
-    interface: str = "vlmaze"  # vlmaze: short prompt, <action>up</action> | reference: the reference's prompt,
-    # ('move', d) / ('stop', 'stop') actions, its feedback lines and a remaining-steps notice (maze.env)
-    require_stop: bool = True  # reference: success only on 'stop' at the goal
-    max_moves_per_turn: int = 1
-    max_images_in_context: int = 0  # keep only the newest K images (0 = all); training sees one sequence per
-    # episode, so turns before the last K are then trained without the frame they were sampled from (off-policy)
-    max_context_tokens: int = 8192  # an episode ends when its next turn would not fit
 
 
 @dataclass
@@ -158,7 +144,7 @@ class TrainerConfig:
     deterministic: bool = True
     max_nonfinite_steps: int = 3  # stop after this many NaN/inf steps in a row
     log_transcripts: int = 2
-    packing: bool = False  # padding-free packing in the trainer's forward (rl/packing.py); pays off with heavy padding
+    packing: bool = False  # padding-free packing in the trainer's forward (models/forward.py); pays off when padded
 
 
 @dataclass
@@ -207,7 +193,6 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
     "env.placement": ("corners", "corners4", "random"),
-    "env.interface": ("vlmaze", "reference"),
     "algo.name": ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "sft"),
     "algo.adv_estimator": ("grpo", "rloo"),
     "algo.adv_level": ("episode", "turn"),
@@ -222,7 +207,6 @@ CHOICES = {
     "cluster.device": ("cpu", "cuda"),
     "cluster.backend": ("gloo", "nccl"),
     "cluster.parallel": ("ddp", "fsdp2"),
-    "env.view": ("global", "egocentric"),
 }
 
 
@@ -238,14 +222,18 @@ def validate(cfg) -> None:
     for key, options in CHOICES.items():
         if get(key) not in options:
             raise ConfigError(f"{key}={get(key)!r} is not one of {', '.join(options)}")
-    for key in ["env.size", *[f"env.train_sizes[{i}]" for i in range(len(cfg.env.train_sizes))]]:
+    try:
+        EnvSettings.from_config(cfg.env).check()  # the environment's own validation, one place
+    except ValueError as err:
+        raise ConfigError(f"env.{err}") from None
+    for key in [f"env.train_sizes[{i}]" for i in range(len(cfg.env.train_sizes))]:
         size = get(key)
         if not (MIN_SIZE <= size <= MAX_SIZE) or size % 2 == 0:
             raise ConfigError(f"{key}={size} must be odd and in [{MIN_SIZE}, {MAX_SIZE}]")
     for g in cfg.env.generators:
         if g not in GENERATORS:
             raise ConfigError(f"env.generators contains {g!r}; choose from {', '.join(GENERATORS)}")
-    positive = ["env.max_turns", "env.pixels_per_cell", "env.pad_to", "env.max_moves_per_turn", "algo.group_size",
+    positive = ["algo.group_size",
                 "algo.mazes_per_step", "algo.ppo_epochs", "algo.minibatches", "algo.micro_batch",
                 "algo.max_new_tokens", "algo.sft_epochs", "algo.sft_mazes", "algo.sft_batch",
                 "cluster.nproc_per_node", "cluster.nnodes", "trainer.steps"]
@@ -254,17 +242,19 @@ def validate(cfg) -> None:
             raise ConfigError(f"{key}={get(key)} must be >= 1")
     for key in ["algo.lr", "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.entropy_coef",
                 "algo.tis_cap", "algo.temperature", "env.braid", "trainer.eval_every", "trainer.save_every",
-                "trainer.keep_last", "env.max_images_in_context", "env.pad_before"]:
+                "trainer.keep_last"]:
         if get(key) < 0:
             raise ConfigError(f"{key}={get(key)} must be >= 0")
+    if cfg.model.tiny_hidden < 64 or cfg.model.tiny_hidden % 64:
+        raise ConfigError(f"model.tiny_hidden={cfg.model.tiny_hidden} must be a positive multiple of 64")
+    if cfg.model.tiny_vision_depth < 2 or cfg.model.tiny_layers < 2:
+        raise ConfigError("model.tiny_layers and model.tiny_vision_depth must be >= 2 (deepstack feeds two layers)")
     if not 0 <= cfg.algo.gamma <= 1:
         raise ConfigError(f"algo.gamma={cfg.algo.gamma} must be in [0, 1]")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p={cfg.algo.top_p} must be in (0, 1]")
     if cfg.env.braid > 1:
         raise ConfigError(f"env.braid={cfg.env.braid} must be <= 1")
-    if not 0 <= cfg.env.wall_gray <= 255:
-        raise ConfigError(f"env.wall_gray={cfg.env.wall_gray} must be in [0, 255]")
     if not 0 <= cfg.algo.sft_random_start <= 1:
         raise ConfigError(f"algo.sft_random_start={cfg.algo.sft_random_start} must be in [0, 1]")
     if not 0 <= cfg.algo.sft_noise < 1:

@@ -1,20 +1,41 @@
 """vlmaze's maze environment: generate, solve, render, parse actions, run episodes, eval sets.
 
     import maze
-    env = maze.MazeEnv(size=9)
-    obs, info = env.reset(seed=0)              # obs = {"image": (225, 225, 3) uint8, "text": prompt}
+    env = maze.MazeEnv(size=9)                 # the CPU recipe's settings (maze.EnvSettings); **maze.REFERENCE_VIEW
+    obs, info = env.reset(seed=0)              # obs = {"image": (160, 160, 3) uint8, "text": prompt}
     obs, reward, terminated, truncated, info = env.step("I go right. <action>right</action>")
 """
 
 import gymnasium as gym
 from PIL import Image
 
-from maze.actions import ParsedAction, parse_action
-from maze.core import GENERATORS, PLACEMENTS, Maze, generate_maze
-from maze.env import SYSTEM_PROMPT, MazeEnv
-from maze.evalsets import EvalSuite, TrainSampler, eval_hashes, load_suite, suite_names
-from maze.render import MazeRenderer, render, render_path
-from maze.solver import distances_from, expert_actions, optimal_steps, shortest_path
+from maze.core import (
+    GENERATORS,
+    PLACEMENTS,
+    EvalSuite,
+    Maze,
+    TrainSampler,
+    distances_from,
+    eval_hashes,
+    eval_layouts,
+    expert_actions,
+    generate_maze,
+    load_suite,
+    optimal_steps,
+    shortest_path,
+    suite_names,
+)
+from maze.env import (
+    REFERENCE_VIEW,
+    SYSTEM_PROMPT,
+    EnvSettings,
+    MazeEnv,
+    MazeRenderer,
+    ParsedAction,
+    parse_action,
+    render,
+    render_path,
+)
 
 ENV_ID = "vlmaze/Maze-v0"
 if ENV_ID not in gym.registry:
@@ -27,8 +48,8 @@ def to_pil(image) -> Image.Image:
 
 
 __all__ = [
-    "ENV_ID", "GENERATORS", "PLACEMENTS", "SYSTEM_PROMPT", "EvalSuite", "Maze", "MazeEnv",
-    "MazeRenderer", "ParsedAction", "TrainSampler", "distances_from", "eval_hashes",
-    "expert_actions", "generate_maze", "load_suite", "optimal_steps", "parse_action", "render",
-    "render_path", "shortest_path", "suite_names", "to_pil",
+    "ENV_ID", "GENERATORS", "PLACEMENTS", "REFERENCE_VIEW", "SYSTEM_PROMPT", "EnvSettings", "EvalSuite", "Maze",
+    "MazeEnv", "MazeRenderer", "ParsedAction", "TrainSampler", "distances_from", "eval_hashes", "eval_layouts",
+    "expert_actions", "generate_maze", "load_suite", "optimal_steps", "parse_action", "render", "render_path",
+    "shortest_path", "suite_names", "to_pil",
 ]

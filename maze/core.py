@@ -1,4 +1,5 @@
-"""Maze data type, perfect-maze generators, braiding and start/goal placement.
+"""Mazes as data: the grid, perfect-maze generators, start/goal placement, BFS, the frozen evaluation suites and
+the training stream that never draws their layouts.
 
 A maze is a *block* maze, as in the reference environment: walls are whole cells. A maze of
 odd size N (5..31) holds an outer wall ring; the "rooms" sit at odd coordinates (r, c) and
@@ -7,12 +8,30 @@ the cells between two rooms are either wall or corridor. ``grid[r, c] == 1`` is 
 Generators carve a spanning tree over the (N-1)/2 x (N-1)/2 room lattice, so the floor is a
 tree (a *perfect* maze: exactly one route between any two cells) unless ``braid > 0`` opens
 extra walls at dead ends. Everything is a pure function of an integer seed.
+
+The suites live in ``maze/data/eval_sets.json`` as text grids with content hashes, so they do
+not drift when generator code changes. ``python -m maze --freeze`` rewrites that file
+from ``SUITE_SPECS`` (only do this on purpose: it changes every reported number).
+
+``fixed64`` is the reference's own evaluation set: the 64 mazes its environment (``maze_2d/easy``,
+9x9 Wilson) produces for ``reset(seed=i)``, i = 0..63, each with its start and goal (one of four
+corner pairs), copied in seed order from ``REFERENCE_FILE`` when freezing. ``select64`` is a second
+set from the same distribution (vlmaze's Wilson generator, ``corners4``) for choosing recipes, so
+``fixed64`` stays a test set. The other suites are held out from training: other sizes, each
+generator, braided mazes (several routes, so loops are possible), all with the reference's four
+corner pairs, and random placement. No two suites share a layout (grid), and training
+(``TrainSampler``) never draws a layout that any suite holds, whatever its start and goal.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
+from collections import deque
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -268,7 +287,6 @@ def generate_maze(size: int = 9, seed: int = 0, generator: str = "wilson", braid
         first, second = CORNER_PAIRS[int(rng.integers(len(CORNER_PAIRS)))]
         start, goal = corner(size, first), corner(size, second)
     else:
-        from maze.solver import distances_from
 
         want = size if min_distance is None else int(min_distance)
         rooms = [(r, c) for r in range(1, size, 2) for c in range(1, size, 2)]
@@ -282,3 +300,263 @@ def generate_maze(size: int = 9, seed: int = 0, generator: str = "wilson", braid
         else:
             raise ValueError(f"no start/goal pair at distance >= {want} in a {size}x{size} maze")
     return Maze(grid, start, goal, int(seed), generator, float(braid), placement)
+
+
+# ---------------------------------------------------------------- breadth-first search
+UNREACHABLE = -1
+
+
+def distances_from(grid: np.ndarray, source: tuple[int, int]) -> np.ndarray:
+    """BFS distance (in moves) from ``source`` to every cell; -1 for walls and unreachable cells.
+
+    grid: (N, N) uint8, 1 = wall. Returns (N, N) int32.
+    """
+    size = grid.shape[0]
+    dist = np.full(grid.shape, UNREACHABLE, dtype=np.int32)
+    if grid[source] != FLOOR:
+        return dist
+    dist[source] = 0
+    queue = deque([source])
+    while queue:
+        r, c = queue.popleft()
+        d = dist[r, c] + 1
+        for dr, dc in MOVES.values():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < size and 0 <= nc < size and grid[nr, nc] == FLOOR and dist[nr, nc] < 0:
+                dist[nr, nc] = d
+                queue.append((nr, nc))
+    return dist
+
+
+def shortest_path(maze: Maze, start: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """Cells from ``start`` (default: the maze start) to the goal, both included; [] if none."""
+    start = maze.start if start is None else start
+    to_goal = distances_from(maze.grid, maze.goal)
+    if to_goal[start] < 0:
+        return []
+    path = [start]
+    while path[-1] != maze.goal:
+        r, c = path[-1]
+        for dr, dc in MOVES.values():  # fixed order: ties break the same way every time
+            nxt = (r + dr, c + dc)
+            if maze.is_floor(nxt) and to_goal[nxt] == to_goal[r, c] - 1:
+                path.append(nxt)
+                break
+    return path
+
+
+def optimal_steps(maze: Maze, start: tuple[int, int] | None = None) -> int:
+    """Fewest moves from ``start`` (default: the maze start) to the goal; -1 if unreachable."""
+    start = maze.start if start is None else start
+    return int(distances_from(maze.grid, maze.goal)[start])
+
+
+def path_to_actions(path: list[tuple[int, int]]) -> list[str]:
+    """Move names ('up', 'down', 'left', 'right') that walk ``path``."""
+    by_delta = {v: k for k, v in MOVES.items()}
+    return [by_delta[(b[0] - a[0], b[1] - a[1])] for a, b in zip(path, path[1:])]
+
+
+def expert_actions(maze: Maze, start: tuple[int, int] | None = None) -> list[str]:
+    """The BFS expert's moves from ``start`` to the goal (without the final 'stop')."""
+    return path_to_actions(shortest_path(maze, start))
+
+
+# ---------------------------------------------------------------- frozen evaluation suites and the training stream
+DATA_FILE = Path(__file__).parent / "data" / "eval_sets.json"
+# The reference's 64 evaluation mazes (data produced by running the reference environment), read by --freeze.
+REFERENCE_FILE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "maze2d_easy_seeds0-63.json"
+
+# name -> (description, generate_maze kwargs, number of mazes)
+SUITE_SPECS: dict[str, tuple[str, dict, int]] = {
+    "fixed64": ("the reference's 64 evaluation mazes: maze_2d/easy 9x9, reset(seed=i) for i = 0..63, "
+                "four corner pairs", dict(size=9, generator="wilson", placement="corners4"), 64),
+    "select64": ("recipe selection: 64 more 9x9 Wilson mazes, four corner pairs (choose recipes here, "
+                 "report on fixed64)", dict(size=9, generator="wilson", placement="corners4"), 64),
+    "size7": ("smaller than trained: 7x7 Wilson, four corner pairs",
+              dict(size=7, generator="wilson", placement="corners4"), 32),
+    "size11": ("maze_hard: 11x11 Wilson, four corner pairs",
+               dict(size=11, generator="wilson", placement="corners4"), 32),
+    "size13": ("larger than trained: 13x13 Wilson, four corner pairs",
+               dict(size=13, generator="wilson", placement="corners4"), 32),
+    "size15": ("larger than trained: 15x15 Wilson, four corner pairs",
+               dict(size=15, generator="wilson", placement="corners4"), 32),
+    "gen_backtracker": ("9x9 recursive backtracker (long corridors), four corner pairs",
+                        dict(size=9, generator="backtracker", placement="corners4"), 32),
+    "gen_prim": ("9x9 randomised Prim (many short dead ends), four corner pairs",
+                 dict(size=9, generator="prim", placement="corners4"), 32),
+    "gen_kruskal": ("9x9 randomised Kruskal, four corner pairs",
+                    dict(size=9, generator="kruskal", placement="corners4"), 32),
+    "braided": ("9x9 Wilson with half the dead ends opened (loops possible), four corner pairs",
+                dict(size=9, generator="wilson", braid=0.5, placement="corners4"), 32),
+    "random_placement": ("9x9 Wilson, start and goal random rooms at BFS distance >= 9",
+                         dict(size=9, generator="wilson", placement="random", min_distance=9), 32),
+}
+
+
+def reference_mazes(path: Path = REFERENCE_FILE) -> list[Maze]:
+    """The reference's 64 evaluation mazes, in seed order, from its data file (grid, start, goal)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"the reference's maze file is not at {path}; freezing fixed64 needs it")
+    raw = json.loads(path.read_text())
+    mazes = []
+    for rec in sorted(raw["mazes"], key=lambda r: r["seed"]):
+        grid = np.array(rec["grid"], dtype=np.uint8)
+        mazes.append(Maze(grid, tuple(rec["start"]), tuple(rec["goal"]), int(rec["seed"]), "wilson",
+                          0.0, "corners4"))
+    if [m.seed for m in mazes] != list(range(64)):
+        raise ValueError(f"{path} must hold the reference's seeds 0-63")
+    return mazes
+
+
+@dataclass(frozen=True)
+class EvalSuite:
+    name: str
+    description: str
+    mazes: tuple[Maze, ...]
+
+    def __len__(self) -> int:
+        return len(self.mazes)
+
+
+def _build_suites(reference: Path = REFERENCE_FILE) -> dict[str, list[Maze]]:
+    seen: set[str] = set()  # layout hashes: no two suites share a grid
+    suites = {"fixed64": reference_mazes(reference)}
+    seen.update(m.layout_hash for m in suites["fixed64"])
+    for name, (_, kwargs, count) in SUITE_SPECS.items():
+        if name == "fixed64":
+            continue
+        mazes, seed = [], 0  # every suite starts at seed 0; layouts already in a suite are skipped
+        while len(mazes) < count:
+            maze = generate_maze(seed=seed, **kwargs)
+            seed += 1
+            if maze.layout_hash in seen:
+                continue
+            seen.add(maze.layout_hash)
+            mazes.append(maze)
+        suites[name] = mazes
+    return suites
+
+
+def freeze(path: Path = DATA_FILE, reference: Path = REFERENCE_FILE) -> None:
+    """Write every suite to ``path`` (text grids + hashes)."""
+    out = {"version": 2, "suites": {}}
+    for name, mazes in _build_suites(reference).items():
+        out["suites"][name] = {
+            "description": SUITE_SPECS[name][0],
+            "mazes": [{"rows": m.to_rows(), "seed": m.seed, "generator": m.generator,
+                       "braid": m.braid, "placement": m.placement, "hash": m.content_hash}
+                      for m in mazes],
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+@cache
+def _load_file(path: str) -> dict[str, EvalSuite]:
+    raw = json.loads(Path(path).read_text())
+    suites = {}
+    for name, entry in raw["suites"].items():
+        mazes = []
+        for rec in entry["mazes"]:
+            maze = Maze.from_rows(rec["rows"], rec["seed"], rec["generator"], rec["braid"],
+                                  rec["placement"])
+            if maze.content_hash != rec["hash"]:
+                raise ValueError(f"eval suite {name!r} in {path} is corrupt: maze seed {rec['seed']} "
+                                 f"hashes to {maze.content_hash}, file says {rec['hash']}")
+            mazes.append(maze)
+        suites[name] = EvalSuite(name, entry["description"], tuple(mazes))
+    return suites
+
+
+def suite_names() -> list[str]:
+    return list(_load_file(str(DATA_FILE)))
+
+
+def load_suite(name: str) -> EvalSuite:
+    suites = _load_file(str(DATA_FILE))
+    if name not in suites:
+        raise KeyError(f"unknown eval suite {name!r}; available: {', '.join(suites)}")
+    return suites[name]
+
+
+def eval_hashes() -> frozenset[str]:
+    """Content hashes of every maze in every frozen suite."""
+    return frozenset(m.content_hash for s in _load_file(str(DATA_FILE)).values() for m in s.mazes)
+
+
+def eval_layouts() -> frozenset[str]:
+    """Layout (grid) hashes of every maze in every frozen suite: what training must never draw."""
+    return frozenset(m.layout_hash for s in _load_file(str(DATA_FILE)).values() for m in s.mazes)
+
+
+class TrainSampler:
+    """Deterministic stream of training mazes that skips every layout found in an eval suite.
+
+    Its whole state is ``position`` (the number of candidates drawn), so a checkpoint that saves
+    ``state_dict()`` resumes the exact stream. Sizes and generators are drawn per maze from the
+    given lists.
+    """
+
+    SEED_OFFSET = 1_000_000_000  # training seeds live far from the eval seeds (0..~100)
+
+    def __init__(self, sizes=(9,), generators=("wilson",), braid: float = 0.0,
+                 placement: str = "corners4", seed: int = 0, exclude: frozenset[str] | None = None,
+                 max_skips: int = 10_000):
+        for g in generators:
+            if g not in GENERATORS:
+                raise ValueError(f"unknown maze generator {g!r}; choose from {GENERATORS}")
+        self.sizes, self.generators = [int(s) for s in sizes], list(generators)
+        self.braid, self.placement, self.seed = float(braid), placement, int(seed)
+        self.exclude = eval_layouts() if exclude is None else exclude  # layout hashes
+        self.max_skips, self.position, self.skipped = max_skips, 0, 0
+
+    def _candidate(self, index: int) -> Maze:
+        rng = np.random.default_rng([self.seed, index, 7])
+        size = self.sizes[int(rng.integers(len(self.sizes)))]
+        generator = self.generators[int(rng.integers(len(self.generators)))]
+        maze_seed = self.SEED_OFFSET + self.seed * 10_000_000 + index
+        return generate_maze(size, maze_seed, generator, self.braid, self.placement)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Maze:
+        for _ in range(self.max_skips):
+            maze = self._candidate(self.position)
+            self.position += 1
+            if maze.layout_hash not in self.exclude:
+                return maze
+            self.skipped += 1
+        raise RuntimeError(f"train sampler skipped {self.max_skips} mazes in a row whose layouts are all in "
+                           f"eval suites; sizes {self.sizes} have too few distinct layouts")
+
+    def take(self, count: int) -> list[Maze]:
+        return [next(self) for _ in range(count)]
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "skipped": self.skipped, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"sampler state is for seed {state['seed']}, this sampler has {self.seed}")
+        self.position, self.skipped = int(state["position"]), int(state["skipped"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="List or rewrite the frozen evaluation suites.")
+    parser.add_argument("--freeze", action="store_true", help=f"rewrite {DATA_FILE}")
+    parser.add_argument("--reference", type=Path, default=REFERENCE_FILE,
+                        help="the reference's maze file that fixed64 is frozen from")
+    parser.add_argument("--list", action="store_true", help="list the frozen suites")
+    args = parser.parse_args()
+    if args.freeze:
+        freeze(reference=args.reference)
+        print(f"wrote {DATA_FILE}")
+    for name in suite_names():
+        suite = load_suite(name)
+        print(f"{name:18s} {len(suite):3d} mazes  {suite.description}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@ Precision (every parallel mode): the trainer's parameters and AdamW moments are 
 ``model.dtype`` is the *compute* dtype. Under FSDP2 that is ``MixedPrecisionPolicy(param_dtype=compute,
 reduce_dtype=float32)``: each unit's fp32 shard is all-gathered and cast to bf16 for its forward and
 backward, and gradients are reduce-scattered in fp32 onto the fp32 shards. Without FSDP2 (one process, or
-DDP) the same intent is ``torch.autocast(compute)`` around the trainer's forwards (``compute_context``).
+DDP) the same intent is ``torch.autocast(compute)`` around the trainer's forwards (``models.forward.compute_context``).
 
 Units: the vision tower, each text decoder layer, then the root. Rollouts do not run on the sharded
 module: ranks run different numbers of forwards (episodes end at different turns), and every FSDP2
@@ -16,7 +16,6 @@ gathered state besides the engine's own copy.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -41,21 +40,6 @@ def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32) -> None:
     for layer in model.model.language_model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-
-
-def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def compute_context(model, compute_dtype: torch.dtype):
-    """The trainer forward's precision context: FSDP2 casts by itself; an unsharded fp32 model under a
-    lower compute dtype runs under autocast; fp32 compute runs as is."""
-    if compute_dtype == torch.float32 or is_sharded(model):
-        return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=compute_dtype)
 
 
 def stream_full_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:

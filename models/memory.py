@@ -15,7 +15,7 @@ What the code keeps, per GPU (N parameters, W ranks, c bytes of the compute dtyp
     the hf engine's unsharded copy under FSDP2: c N; with vLLM no copy (level-2 sleep frees its weights and KV)
     activations: with gradient checkpointing each decoder layer keeps its input (tokens x H x c) and one layer
       is recomputed at a time (tokens x (8H + 3I) x c); without, every layer keeps (8H + 3I) per token
-    the log-prob head: one chunk of rl.logprobs.chunk_positions(V) positions x V in fp32, three live copies
+    the log-prob head: one chunk of models.forward.chunk_positions(V) positions x V in fp32, three live copies
       (logits, shifted, probabilities) plus the compute-dtype projection
   rollout phase
     the trainer's masters and moments stay (12N/W; gradients are freed after the update), the reference shard,
@@ -146,7 +146,7 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     hf_copy = c * n if engine == "hf" and fsdp and world >= 1 else 0.0
     per_layer = tokens * (8 * h + 3 * i) * c
     activations = (u.layers * tokens * h * c + per_layer) if grad_ckpt else u.layers * per_layer
-    from rl.logprobs import chunk_positions
+    from models.forward import chunk_positions
 
     logits = min(chunk_positions(u.vocab), tokens) * u.vocab * (3 * 4 + c)
     vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0

@@ -138,11 +138,14 @@ def build_image_processor(min_pixels: int, max_pixels: int) -> Qwen2VLImageProce
         size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
 
 
-def tiny_config(tokenizer) -> Qwen3VLConfig:
+def tiny_config(tokenizer, layers: int = 3, hidden: int = 128, vision_depth: int = 3) -> Qwen3VLConfig:
+    """The tiny architecture; the defaults are the shipped start's (~1.6 M params). ``hidden`` is a multiple of
+    64 (heads of 32, two query heads per KV head); the vision tower's last two layers feed deepstack."""
     ids = tokenizer.convert_tokens_to_ids
     head_dim = 32
-    text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
-                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                num_hidden_layers=layers, num_attention_heads=hidden // head_dim,
+                num_key_value_heads=hidden // head_dim // 2,
                 head_dim=head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [6, 5, 5], "mrope_interleaved": True},
@@ -150,22 +153,23 @@ def tiny_config(tokenizer) -> Qwen3VLConfig:
     # Reading the walls around the agent is the bottleneck of the tiny recipe: a 2 x 64 vision tower
     # reached ~80 % move accuracy on expert turns (turns ~60 %) after 1,000 SFT steps; this one is wider
     # and deeper (see README, "The tiny SFT start").
-    vision = dict(depth=3, hidden_size=96, intermediate_size=192, num_heads=3,
+    vision = dict(depth=vision_depth, hidden_size=96, intermediate_size=192, num_heads=3,
                   patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE,
-                  temporal_patch_size=TEMPORAL_PATCH, out_hidden_size=128,
-                  num_position_embeddings=256, deepstack_visual_indexes=[1, 2])
+                  temporal_patch_size=TEMPORAL_PATCH, out_hidden_size=hidden,
+                  num_position_embeddings=256, deepstack_visual_indexes=[vision_depth - 2, vision_depth - 1])
     return Qwen3VLConfig(text_config=text, vision_config=vision,
                          image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                          vision_start_token_id=ids("<|vision_start|>"),
                          vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False)
 
 
-def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 * 320):
+def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 * 320, layers: int = 3,
+               hidden: int = 128, vision_depth: int = 3):
     """Return ``(model, processor)``: a fresh tiny Qwen3-VL, deterministic from ``seed``."""
     tokenizer = build_tokenizer()
     processor = Qwen3VLImageProcessor(build_image_processor(min_pixels, max_pixels), tokenizer,
                                       chat_template=CHAT_TEMPLATE)
-    config = tiny_config(tokenizer)
+    config = tiny_config(tokenizer, layers, hidden, vision_depth)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config)
@@ -178,13 +182,6 @@ def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 *
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     return model.float().eval(), processor
-
-
-def save_tiny(path: str | Path, seed: int = 0) -> Path:
-    model, processor = build_tiny(seed)
-    model.save_pretrained(path)
-    save_processor(processor, path)
-    return Path(path)
 
 
 def build_tiny_text(seed: int = 0, padded_vocab: int = 0):

@@ -17,11 +17,7 @@ and invalid actions collapsed):
 
 from __future__ import annotations
 
-from maze.core import Maze
-from maze.solver import shortest_path
-
-FAILURE_CLASSES = ("stopped_wrong_cell", "context_limit", "looping", "stuck_in_dead_end", "invalid_actions",
-                   "wall_bumping", "timed_out")
+from maze.core import Maze, shortest_path
 
 
 def collapse(path: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from maze.core import Maze
-from maze.evalsets import load_suite
+from maze.core import Maze, load_suite
+from maze.env import EnvSettings
 from models.engines.base import SamplingParams
 from rl.analysis import count_loops, dead_end_stats, failure_class
-from rl.rollout import EnvSettings, rollout
-from rl.types import Trajectory
+from rl.rollout import Trajectory, rollout
 
 Player = Callable[[list[Maze], int], list[Trajectory]]  # (mazes, samples per maze) -> trajectories
 

@@ -15,8 +15,16 @@ def _parse(spec: str) -> set[tuple[str, int]]:
     out = set()
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, step = item.partition("@")
-        out.add((name, -1 if step == "all" else int(step)))
+        out.add((name, ALL if step == "all" else int(step)))
     return out
+
+
+ALL = -1  # NAME@all
+
+
+def schedule() -> frozenset[tuple[str, int]]:
+    """The listed faults as ``(name, step)`` pairs (step ``ALL`` for every step), read once at start."""
+    return frozenset(_parse(os.environ.get("VLMAZE_FAULTS") or ""))
 
 
 def active(name: str, step: int) -> bool:

@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from maze.actions import format_action
-from maze.core import MOVES, Maze
-from maze.env import MazeEnv
-from maze.solver import expert_actions
-from rl.rollout import EnvSettings
-from rl.types import Trajectory, finish_reason
+from maze.core import MOVES, Maze, expert_actions
+from maze.env import EnvSettings, MazeEnv, format_action
+from rl.rollout import Trajectory, finish_reason
 
 POLICIES = ("oracle", "random", "wall_follower")
 START_HEADING = "down"  # the wall follower's heading before its first move
@@ -61,8 +60,7 @@ def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, sample
     trajs = []
     for g, maze in enumerate(mazes):
         for _ in range(samples):
-            e = MazeEnv(size=maze.size, pixels_per_cell=4, max_turns=env.turns_for(maze.size),
-                        require_stop=env.require_stop, max_moves_per_turn=1, interface=env.interface)
+            e = MazeEnv(replace(env, pixels_per_cell=4, max_moves_per_turn=1))  # small frames: nothing reads them
             e.reset(options={"maze": maze})
             t, state = Trajectory(maze=maze, group=g), {}
             while True:

@@ -18,48 +18,58 @@ corrects for it).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from maze.core import Maze
-from maze.env import SYSTEM_PROMPT, MazeEnv, turn_budget
+from maze.env import SYSTEM_PROMPT, EnvSettings, MazeEnv
 from models.engines.base import ImageInput, Prompt, SamplingParams, derive_seed
-from rl.types import Trajectory, finish_reason
 
 IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-@dataclass(frozen=True)
-class EnvSettings:
-    """The MazeEnv keys a rollout needs (a subset of conf/env)."""
+@dataclass
+class Trajectory:
+    maze: Maze
+    group: int  # index of the maze within the step (all G samples of a group share it)
+    token_ids: list[int] = field(default_factory=list)  # (T,) the whole conversation
+    loss_mask: list[int] = field(default_factory=list)  # (T,) 1 on model-written tokens
+    rollout_logprobs: list[float] = field(default_factory=list)  # (T,) engine logprobs; 0 where mask 0
+    images: list[ImageInput] = field(default_factory=list)  # images still in the context, in order
+    actions: list[str] = field(default_factory=list)  # decoded text of each assistant turn
+    infos: list[dict] = field(default_factory=list)  # env info after each turn
+    finish: str = ""  # success | stop_wrong | max_turns | context
+    reward: float = 0.0  # set by rl.grpo.episode_reward
+    images_dropped: int = 0  # images removed by env.max_images_in_context
 
-    pixels_per_cell: int = 32
-    grid_lines: bool = False
-    max_turns: int = 40
-    require_stop: bool = True
-    max_moves_per_turn: int = 1
-    max_images_in_context: int = 0  # 0 keeps every image
-    max_context_tokens: int = 8192
-    ref_size: int = 9  # max_turns is the budget at this maze size; larger mazes get it scaled by area
-    pad_to: int = 1  # pad images (with wall) to a multiple of this many pixels
-    pad_before: int = 0  # pixels of wall before the maze on the top and left
-    wall_gray: int = 169  # gray level of wall cells (the reference palette: 169)
-    view: str = "global"  # global | egocentric (the window moves with the agent, which stays in its centre)
-    interface: str = "vlmaze"  # vlmaze | reference: the prompt, action format and feedback words (maze.env)
+    def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        """Extend the sequence by ``ids``, all with loss ``mask``; logprobs default to 0 (not sampled)."""
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    @classmethod
-    def from_config(cls, env_cfg) -> EnvSettings:
-        """From ``conf/env``: the training size is the reference size for turn budgets."""
-        return cls(env_cfg.pixels_per_cell, env_cfg.grid_lines, env_cfg.max_turns, env_cfg.require_stop,
-                   env_cfg.max_moves_per_turn, env_cfg.max_images_in_context, env_cfg.max_context_tokens,
-                   env_cfg.size, env_cfg.pad_to, env_cfg.pad_before, env_cfg.wall_gray, env_cfg.view,
-                   env_cfg.interface)
+    @property
+    def success(self) -> bool:
+        return bool(self.infos and self.infos[-1]["success"])
 
-    def turns_for(self, size: int) -> int:
-        """Turn budget for a maze of ``size``: max_turns, scaled up by area for mazes larger than ref_size."""
-        return turn_budget(size, self.max_turns, self.ref_size)
+    @property
+    def num_turns(self) -> int:
+        return len(self.actions)
+
+    @property
+    def final_info(self) -> dict:
+        return self.infos[-1] if self.infos else {}
+
+    @property
+    def path(self) -> list[tuple[int, int]]:
+        return [self.maze.start] + [tuple(i["position"]) for i in self.infos]
+
+
+def finish_reason(info: dict) -> str:
+    """How an episode that the env ended finished: success | stop_wrong | max_turns."""
+    return "success" if info["success"] else ("stop_wrong" if info["stopped_wrong"] else "max_turns")
 
 
 class Conversation:
@@ -126,10 +136,7 @@ class Conversation:
 def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int = 0,
                   max_turns: int | None = None) -> tuple[MazeEnv, Trajectory]:
     """Reset a MazeEnv on ``maze`` and open its trajectory with the turn-0 prompt (mask 0)."""
-    e = MazeEnv(size=maze.size, pixels_per_cell=env.pixels_per_cell, grid_lines=env.grid_lines,
-                max_turns=max_turns or env.turns_for(maze.size), require_stop=env.require_stop,
-                max_moves_per_turn=env.max_moves_per_turn, pad_to=env.pad_to,
-                pad_before=env.pad_before, wall_gray=env.wall_gray, view=env.view, interface=env.interface)
+    e = MazeEnv(env, turn_limit=max_turns or env.turns_for(maze.size))
     obs, _ = e.reset(options={"maze": maze})
     t = Trajectory(maze=maze, group=group)
     image = conv.image(obs["image"])

@@ -20,12 +20,13 @@ of right-of-facing, facing, left-of-facing, back).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from maze.actions import format_action
 from maze.core import MOVES, Maze
-from rl.rollout import Conversation, EnvSettings, start_episode
-from rl.types import Trajectory
+from maze.env import EnvSettings, format_action
+from rl.rollout import Conversation, Trajectory, start_episode
 
 EXPERTS = ("bfs", "wall_follower")
 _EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
@@ -72,7 +73,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     act = ACT[_EXPERT_POLICY[expert]]
     rng = np.random.default_rng([seed, *maze.grid.shape])
     budget = max_turns or 2 * env.turns_for(maze.size)
-    e, t = start_episode(maze, conv, EnvSettings(**{**env.__dict__, "max_moves_per_turn": 1}), max_turns=budget)
+    e, t = start_episode(maze, conv, replace(env, max_moves_per_turn=1), max_turns=budget)
     state: dict = {}
     for _ in range(budget):
         at_goal = e.position == maze.goal
@@ -100,3 +101,20 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
             conv.drop_oldest_image(t)
     t.finish = "success" if t.success else "max_turns"
     return t
+
+
+def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
+    """``algo.sft_mazes`` expert conversations from the training sampler's stream (``conf/algo`` sft keys);
+    ``algo.sft_random_start`` of them start on a random floor cell."""
+    from maze.core import TrainSampler
+
+    a = cfg.algo
+    conv = Conversation(processor, keep_pixels=False)  # pixels are recomputed when a batch is scored
+    mazes = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
+                         braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)
+    if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
+        rng = np.random.default_rng([cfg.trainer.seed, 7])
+        mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]
+    return [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
+                              max_turns=a.sft_max_turns, with_thought=a.sft_thought)
+            for k, m in enumerate(mazes)]

@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def measure(policy_dir: Path, suite: str, train_mazes: int, group_size: int, seed: int) -> dict:
     import torch
 
-    from maze.evalsets import TrainSampler, load_suite
+    from maze.core import TrainSampler, load_suite
+    from maze.env import EnvSettings
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
-    from rl.rollout import EnvSettings, rollout
+    from rl.rollout import rollout
 
     torch.manual_seed(seed)
     env = EnvSettings.from_config(_default_env())

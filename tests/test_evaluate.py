@@ -11,13 +11,13 @@ import pytest
 
 import maze
 from maze.core import MOVES, Maze
+from maze.env import EnvSettings
 from rl.analysis import count_loops, dead_end_stats, failure_class
 from rl.evaluation import evaluate_suites, pass_at_k, summarize, wilson_interval
 from rl.policies import play
-from rl.rollout import EnvSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = EnvSettings(max_turns=30, ref_size=9)
+ENV = EnvSettings(max_turns=30, size=9)
 
 
 def test_oracle_solves_every_suite_optimally():
@@ -47,7 +47,7 @@ def expected_random_success(m: Maze, turns: int) -> float:
 
 
 def test_random_policy_matches_its_exact_expected_rate():
-    env = EnvSettings(max_turns=40, ref_size=9)
+    env = EnvSettings(max_turns=40, size=9)
     mazes = list(maze.load_suite("size7").mazes)
     expected = float(np.mean([expected_random_success(m, env.turns_for(m.size)) for m in mazes]))
     trajs = play("random", mazes, env, seed=1, samples=40)
@@ -58,7 +58,7 @@ def test_random_policy_matches_its_exact_expected_rate():
 
 
 def test_wall_follower_solves_small_perfect_mazes_given_time():
-    env = EnvSettings(max_turns=200, ref_size=9)
+    env = EnvSettings(max_turns=200, size=9)
     trajs = play("wall_follower", list(maze.load_suite("size7").mazes), env)
     assert all(t.success for t in trajs)
     assert np.mean([t.final_info["moves"] / t.final_info["optimal_steps"] for t in trajs]) > 1.0

@@ -5,9 +5,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import maze
+from maze.env import EnvSettings
 from models.engines.base import Completion, SamplingParams
 from models.tiny import build_tiny
-from rl.rollout import EnvSettings, rollout
+from rl.rollout import rollout
 
 _TINY = {}
 

@@ -104,7 +104,7 @@ def test_gradient_accumulation_equals_full_batch(agg):
 
 
 def test_turn_index_and_the_logprob_gap_per_turn_by_hand():
-    from rl.logprobs import gap_by_turn, turn_index
+    from models.forward import gap_by_turn, turn_index
 
     mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1], [0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.float32)
     assert turn_index(mask).tolist() == [[-1, -1, 0, 0, 0, 0, 1, 1, 2, 2, 2], [-1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]]
@@ -141,12 +141,12 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
 
     from conf.schema import AlgoConfig, RewardConfig
     from maze import TrainSampler
+    from maze.env import EnvSettings
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
     from models.tiny import build_tiny
-    from rl.rewards import episode_reward, turn_rewards
-    from rl.rollout import EnvSettings, rollout
-    from rl.update import turn_token_advantages
+    from rl.grpo import episode_reward, turn_rewards, turn_token_advantages
+    from rl.rollout import rollout
 
     model, processor = build_tiny(0)
     trajs = rollout(HFEngine(model, processor), processor, TrainSampler(seed=2).take(2), 2, EnvSettings(max_turns=4),
@@ -164,8 +164,8 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
     algo = OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn"))
     episode = torch.tensor([1.0, -1.0, 0.5, -0.5])
     adv = turn_token_advantages(trajs, episode, mask, algo, shaped)
+    from models.forward import turn_index
     from rl.grpo import discounted_returns, turn_advantages
-    from rl.logprobs import turn_index
 
     per_turn = turn_advantages(episode, [discounted_returns(turn_rewards(t, shaped), 0.95) for t in trajs],
                                [[tuple(p) for p in t.path[:-1]] for t in trajs], 2)

@@ -11,10 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maze
-from maze.actions import parse_action
-from maze.core import MOVES, Maze, generate_maze
-from maze.render import DEFAULT_PALETTE, MazeRenderer
-from maze.solver import distances_from, optimal_steps, shortest_path
+from maze.core import MOVES, Maze, distances_from, generate_maze, optimal_steps, shortest_path
+from maze.env import DEFAULT_PALETTE, MazeRenderer, parse_action
 
 SIZES = st.sampled_from([5, 7, 9, 11, 15, 21, 31])
 
@@ -102,7 +100,7 @@ def test_bfs_is_optimal_against_brute_force(seed, generator, braid):
 
 def test_expert_actions_solve_the_env():
     for seed in range(10):
-        env = maze.MazeEnv(size=11)
+        env = maze.MazeEnv(size=11, max_turns=30)  # maze_hard's budget
         env.reset(seed=seed)
         for a in maze.expert_actions(env.maze):
             env.step(f"<action>{a}</action>")
@@ -260,8 +258,8 @@ def test_fixed64_is_the_reference_set_with_its_invariants():
     """The invariants ../shared/reference/README.md states for the reference's 64 mazes, on the frozen copy."""
     from collections import Counter
 
+    from maze.env import EnvSettings
     from rl.policies import play
-    from rl.rollout import EnvSettings
 
     fixed = maze.load_suite("fixed64").mazes
     assert [m.seed for m in fixed] == list(range(64)) and all(m.size == 9 for m in fixed)
@@ -283,7 +281,7 @@ def test_fixed64_is_the_reference_set_with_its_invariants():
 
 @pytest.mark.skipif(not REFERENCE_JSON.is_file(), reason="../shared/reference is not beside this checkout")
 def test_fixed64_equals_the_reference_file_in_seed_order():
-    from maze.evalsets import reference_mazes
+    from maze.core import reference_mazes
 
     ref = reference_mazes(REFERENCE_JSON)
     fixed = maze.load_suite("fixed64").mazes
@@ -304,7 +302,7 @@ def test_corners4_draws_all_four_reference_corner_pairs():
 def test_corrupt_frozen_file_is_detected(tmp_path):
     import json
 
-    from maze.evalsets import DATA_FILE, _load_file
+    from maze.core import DATA_FILE, _load_file
 
     raw = json.loads(DATA_FILE.read_text())
     rows = raw["suites"]["fixed64"]["mazes"][0]["rows"]
@@ -318,7 +316,7 @@ def test_corrupt_frozen_file_is_detected(tmp_path):
 def test_train_sampler_never_yields_an_eval_layout_and_resumes():
     # 7x7 has only 192 perfect-maze layouts and size7 holds 32 of them, so a 7x7 stream draws eval
     # layouts often: the sampler must skip each one whatever its start and goal (four corner pairs).
-    excluded = maze.evalsets.eval_layouts()
+    excluded = maze.eval_layouts()
     sampler = maze.TrainSampler(sizes=[7], seed=1)
     assert sampler.placement == "corners4"
     drawn = sampler.take(300)
@@ -361,7 +359,7 @@ def test_bfs_distances_match_a_reference_bfs():
 
 
 def test_pad_to_aligns_cells_with_patches_and_pads_with_wall():
-    from maze.render import DEFAULT_PALETTE, MazeRenderer
+    from maze.env import DEFAULT_PALETTE, MazeRenderer
 
     m = maze.generate_maze(9, seed=4)
     plain = MazeRenderer(m, 16).frame(m.start)
@@ -369,7 +367,7 @@ def test_pad_to_aligns_cells_with_patches_and_pads_with_wall():
     assert plain.shape == (144, 144, 3) and padded.shape == (160, 160, 3)
     assert (padded[:144, :144] == plain).all()  # cells keep their pixels: cell (r, c) is patch (r, c)
     assert (padded[144:] == DEFAULT_PALETTE.wall).all() and (padded[:, 144:] == DEFAULT_PALETTE.wall).all()
-    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32)
+    env = maze.MazeEnv(size=9, view="global", pixels_per_cell=16, pad_to=32, pad_before=0)
     obs, _ = env.reset(seed=1)
     assert obs["image"].shape == env.observation_space["image"].shape == (160, 160, 3)
     assert env.observation_space.contains(obs)
@@ -378,7 +376,7 @@ def test_pad_to_aligns_cells_with_patches_and_pads_with_wall():
 def test_pad_before_centres_every_room_cell_in_one_merged_token():
     """At 16 px/cell with 32 px merged tokens, 24 px of wall before the maze puts each room cell (odd row and
     column) in the middle of one token, which then shows the room and the inner half of its four neighbours."""
-    from maze.render import DEFAULT_PALETTE, MazeRenderer
+    from maze.env import DEFAULT_PALETTE, MazeRenderer
 
     m = maze.generate_maze(9, seed=4)
     plain = MazeRenderer(m, 16).frame(m.start)
@@ -399,7 +397,7 @@ def test_pad_before_centres_every_room_cell_in_one_merged_token():
                     assert (token[rows, cols] == expected).all()
                 else:
                     assert not (token[rows, cols] == DEFAULT_PALETTE.wall).all(axis=-1).any()
-    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32, pad_before=24)
+    env = maze.MazeEnv(size=9, view="global", pixels_per_cell=16, pad_to=32, pad_before=24)
     obs, _ = env.reset(seed=1)
     assert obs["image"].shape == env.observation_space["image"].shape == (192, 192, 3)
     assert env.observation_space.contains(obs)
@@ -407,7 +405,7 @@ def test_pad_before_centres_every_room_cell_in_one_merged_token():
 
 def test_wall_gray_sets_the_wall_colour_and_is_validated():
     m = maze.generate_maze(9, seed=4)
-    env = maze.MazeEnv(size=9, pixels_per_cell=16, pad_to=32, wall_gray=64)
+    env = maze.MazeEnv(size=9, view="global", pixels_per_cell=16, pad_to=32, pad_before=0, wall_gray=64)
     obs, _ = env.reset(options={"maze": m})
     img = obs["image"]
     assert (img[0, 0] == 64).all() and (img[-1, -1] == 64).all()  # outer wall and the padding
@@ -443,7 +441,7 @@ def test_egocentric_view_keeps_the_agent_centred_and_the_whole_maze_in_view(seed
             px = img[centre + dr * ppc + ppc // 2, centre + dc * ppc + ppc // 2]
             wall = m.grid[r + dr, c + dc] == 1
             assert (px == DEFAULT_PALETTE.wall).all() == wall
-    env = maze.MazeEnv(size=9, pixels_per_cell=8, pad_to=32, pad_before=8, view="egocentric")
+    env = maze.MazeEnv(size=9, pixels_per_cell=8, pad_to=32, pad_before=8, view="egocentric", wall_gray=169)
     obs, _ = env.reset(options={"maze": m})
     assert obs["image"].shape == env.observation_space["image"].shape == (160, 160, 3)
     assert (obs["image"] == ego.frame(m.start)).all()
@@ -466,11 +464,11 @@ def test_egocentric_agent_sits_at_the_same_place_in_its_token_for_every_size(siz
 
 # ---------------------------------------------------------------- the reference's interface
 def reference_env(**kw):
-    return maze.MazeEnv(size=9, interface="reference", pixels_per_cell=25, wall_gray=169, max_turns=20, **kw)
+    return maze.MazeEnv(size=9, interface="reference", max_turns=20, **{**maze.REFERENCE_VIEW, **kw})
 
 
 def test_reference_interface_reads_tuple_actions_bare_and_tagged():
-    from maze.actions import format_action, parse_reference_action
+    from maze.env import format_action, parse_reference_action
 
     assert parse_reference_action("('move', 1)").moves == ("up",)
     assert parse_reference_action("I go left. <action>('move', 2)</action>").moves == ("left",)
@@ -511,8 +509,8 @@ def test_reference_interface_episode_feedback_and_remaining_steps():
 
 
 def test_reference_interface_oracle_solves_fixed64_in_20_steps():
+    from maze.env import EnvSettings
     from rl.policies import play
-    from rl.rollout import EnvSettings
 
     trajs = play("oracle", list(maze.load_suite("fixed64").mazes), EnvSettings(max_turns=20, interface="reference"))
     assert all(t.success for t in trajs)

@@ -1,16 +1,18 @@
 """Tiny Qwen3-VL offline, the hf engine, and multi-turn token-in/token-out rollouts."""
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
 
 import maze
+from maze.env import EnvSettings
 from models.engines.base import SamplingParams, banned_token_ids
 from models.engines.hf import HFEngine
+from models.forward import collate, token_logprobs
 from models.tiny import CHAT_TEMPLATE, build_tiny
-from rl.logprobs import collate, token_logprobs
-from rl.rollout import EnvSettings, rollout
+from rl.rollout import rollout
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def test_tiny_is_deterministic_and_roundtrips_offline(tiny, tmp_path):
 
 def test_processor_expands_one_token_per_cell(tiny):
     _, processor = tiny
-    env = maze.MazeEnv(size=9, pixels_per_cell=32)
+    env = maze.MazeEnv(size=9, view="global", pixels_per_cell=32, pad_before=0)
     obs, _ = env.reset(seed=0)
     text = processor.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": obs["text"]}]}],
@@ -178,8 +180,9 @@ def test_greedy_generation_is_reproducible(tiny):
 
 def test_sft_noise_turns_are_untrained_and_followed_by_expert_recoveries():
     from maze import TrainSampler
+    from maze.env import EnvSettings
     from models.tiny import build_tiny
-    from rl.rollout import Conversation, EnvSettings
+    from rl.rollout import Conversation
     from rl.sft import expert_trajectory
 
     _, processor = build_tiny(0)
@@ -204,10 +207,10 @@ def test_sft_noise_turns_are_untrained_and_followed_by_expert_recoveries():
 
 def test_sft_thought_names_the_open_directions_heading_and_goal():
     from maze import TrainSampler
-    from maze.actions import parse_action
     from maze.core import MOVES
+    from maze.env import EnvSettings, parse_action
     from models.tiny import build_tiny
-    from rl.rollout import Conversation, EnvSettings
+    from rl.rollout import Conversation
     from rl.sft import expert_trajectory
 
     _, processor = build_tiny(0)
@@ -263,7 +266,7 @@ def test_tiny_vision_tower_tells_wall_from_floor_at_init():
 def test_random_start_moves_the_start_to_a_floor_cell_of_a_training_layout():
     import numpy as np
 
-    from maze.evalsets import eval_layouts
+    from maze.core import eval_layouts
     from rl.sft import random_start
 
     rng = np.random.default_rng(0)
@@ -303,7 +306,7 @@ def test_kv_cache_kept_across_turns_gives_the_re_prefill_paths_episodes_and_logp
     for row, t in enumerate(trajs):
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
         assert (logp[row, :len(t.token_ids)][mask] - torch.tensor(t.rollout_logprobs)[mask]).abs().max() < 1e-4
-    dropping = EnvSettings(**{**env.__dict__, "max_images_in_context": 2})
+    dropping = replace(env, max_images_in_context=2)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     kept = HFEngine(model, processor)
     a = rollout(kept, processor, mazes[:1], 2, dropping, greedy)

@@ -4,11 +4,18 @@ import pytest
 import torch
 
 from maze import TrainSampler
+from maze.env import EnvSettings
 from models.engines.base import banned_token_ids
+from models.forward import (
+    collate,
+    encoder_outputs_supported,
+    pack_rows,
+    packed_batch,
+    packed_token_logprobs,
+    token_logprobs,
+)
 from models.tiny import build_tiny
-from rl.logprobs import collate, encoder_outputs_supported, token_logprobs
-from rl.packing import pack_rows, packed_batch, packed_token_logprobs
-from rl.rollout import Conversation, EnvSettings
+from rl.rollout import Conversation
 from rl.sft import expert_trajectory
 
 
@@ -77,7 +84,7 @@ def test_packing_really_packs_and_isolates(batch):
 
 def test_shared_image_encoding_gives_the_same_logprobs_and_gradients():
     """A group's samples share frames; encoding each distinct frame once must not change anything."""
-    from rl.logprobs import collate
+    from models.forward import collate
 
     torch.manual_seed(0)
     model, processor = build_tiny(0)

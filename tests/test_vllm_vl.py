@@ -14,10 +14,11 @@ if importlib.util.find_spec("torchvision") is None:
     pytest.skip("vLLM's Qwen3-VL needs torchvision (tests/vllm_cpu/install.py)", allow_module_level=True)
 
 import maze  # noqa: E402
+from maze.env import EnvSettings  # noqa: E402
 from models.build import SHIPPED_SFT, load_policy_dir  # noqa: E402
 from models.engines.base import Prompt, SamplingParams  # noqa: E402
-from rl.logprobs import collate, token_logprobs, turn_index  # noqa: E402
-from rl.rollout import EnvSettings, rollout  # noqa: E402
+from models.forward import collate, token_logprobs, turn_index  # noqa: E402
+from rl.rollout import rollout  # noqa: E402
 
 TOLERANCE = 1e-4
 ENV = EnvSettings(pixels_per_cell=8, max_turns=6, pad_to=32, pad_before=8, wall_gray=64, view="egocentric")

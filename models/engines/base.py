@@ -4,7 +4,7 @@ An engine never sees text it has to tokenise: prompts are token ids whose image 
 are already expanded, plus the images' preprocessed patches. Completions carry per-token
 logprobs of the *sampling* distribution: logits with ``banned_token_ids`` removed, divided by
 the temperature (top-p is not applied to the reported logprobs). The trainer recomputes
-exactly that quantity (``rl.logprobs``), so the two can be compared token by token.
+exactly that quantity (``models.forward``), so the two can be compared token by token.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed, output_vocab_size
-from rl.logprobs import collate, encoder_outputs_supported, masked_logits
+from models.forward import collate, encoder_outputs_supported, masked_logits
 
 
 @functools.cache
@@ -159,7 +159,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
-        from models.distributed import compute_context
+        from models.forward import compute_context
 
         if self.kv_reuse:
             with compute_context(self.model, self.compute_dtype):

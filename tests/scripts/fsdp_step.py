@@ -1,5 +1,5 @@
 """One FSDP2 training setup as train.py builds it (fp32 masters, ``wrap_fsdp2`` with the compute dtype, the update
-of ``rl.update.accumulate``) on a fixed batch, under torchrun with gloo. Rank 0 writes ``<out>/result.json``:
+of ``rl.grpo.accumulate``) on a fixed batch, under torchrun with gloo. Rank 0 writes ``<out>/result.json``:
 the dtypes the forward and the gradient reduction ran in, the fraction of fp32 master parameters changed
 after ``--steps`` AdamW steps, and (``--grads``) the full first-step gradient to ``<out>/grads.pt``.
 
@@ -21,13 +21,14 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from conf.schema import AlgoConfig  # noqa: E402
 from maze import TrainSampler  # noqa: E402
+from maze.env import EnvSettings  # noqa: E402
 from models.build import DTYPES  # noqa: E402
 from models.distributed import wrap_fsdp2  # noqa: E402
 from models.engines.base import banned_token_ids  # noqa: E402
 from models.tiny import build_tiny  # noqa: E402
-from rl.rollout import Conversation, EnvSettings  # noqa: E402
+from rl.grpo import Scoring, StepBatch, accumulate  # noqa: E402
+from rl.rollout import Conversation  # noqa: E402
 from rl.sft import expert_trajectory  # noqa: E402
-from rl.update import Scoring, StepBatch, accumulate  # noqa: E402
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from models.engines.base import Prompt, SamplingParams  # noqa: E402
+from models.forward import masked_logits  # noqa: E402
 from models.tiny import build_tiny_text  # noqa: E402
-from rl.logprobs import masked_logits  # noqa: E402
 
 
 def placement(worker) -> dict:
