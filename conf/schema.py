@@ -97,6 +97,8 @@ class RewardConfig:
     bump_penalty: float = 0.0
     invalid_penalty: float = 0.0
     revisit_penalty: float = 0.0
+    wrong_stop_penalty: float = 0.0  # a stop away from the goal; with step costs and revisit penalties a failing
+    # episode that stops early beats one that keeps trying, unless stopping wrong costs at least as much
 
 
 @dataclass

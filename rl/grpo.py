@@ -25,7 +25,7 @@ Rewards (conf/reward). Success is logged separately.
 sparse: ``success`` on success, else 0.
 shaped: sparse + ``progress`` * (d_start - d_end) / d_start  (BFS distance to the goal)
         - ``step_cost`` * turns - ``bump_penalty`` * bumps - ``invalid_penalty`` * invalid actions
-        - ``revisit_penalty`` * revisits.
+        - ``revisit_penalty`` * revisits - ``wrong_stop_penalty`` if it stopped away from the goal.
 
 The step (``build_batch``, ``accumulate``):
 ``build_batch`` and ``accumulate`` are what train.py (and the benchmarks) run every step; they are functions so
@@ -200,6 +200,7 @@ def episode_reward(traj: Trajectory, cfg) -> float:
     reward -= cfg.bump_penalty * info["bumps"]
     reward -= cfg.invalid_penalty * info["invalid_actions"]
     reward -= cfg.revisit_penalty * info["revisits"]
+    reward -= cfg.wrong_stop_penalty * bool(info.get("stopped_wrong"))
     return float(reward)
 
 
@@ -218,6 +219,7 @@ def turn_rewards(traj: Trajectory, cfg) -> list[float]:
             r -= cfg.bump_penalty * (info["bumps"] - prev["bumps"])
             r -= cfg.invalid_penalty * (info["invalid_actions"] - prev["invalid_actions"])
             r -= cfg.revisit_penalty * (info["revisits"] - prev["revisits"])
+            r -= cfg.wrong_stop_penalty * bool(info.get("stopped_wrong"))
         prev = info
         out.append(float(r))
     return out

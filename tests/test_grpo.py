@@ -152,7 +152,8 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
     trajs = rollout(HFEngine(model, processor), processor, TrainSampler(seed=2).take(2), 2, EnvSettings(max_turns=4),
                     SamplingParams(temperature=1.0, max_new_tokens=10, seed=3))
     shaped = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
-                                               invalid_penalty=0.1, revisit_penalty=0.02, success=1.0))
+                                               invalid_penalty=0.1, revisit_penalty=0.02, wrong_stop_penalty=0.5,
+                                               success=1.0))
     for t in trajs:
         for cfg in (shaped, OmegaConf.structured(RewardConfig(name="sparse"))):
             assert sum(turn_rewards(t, cfg)) == pytest.approx(episode_reward(t, cfg), abs=1e-9)
