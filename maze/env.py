@@ -116,6 +116,8 @@ class EnvSettings:
     max_images_in_context: int = 0  # keep only the newest K images (0 = all); training sees one sequence per
     # episode, so turns before the last K are then trained without the frame they were sampled from (off-policy)
     max_context_tokens: int = 8192  # an episode ends when its next turn would not fit
+    history: int | None = None  # None: each episode is one growing conversation, trained as one sequence | K >= 0:
+    # each turn is prompted with (and trained on) the task, the last K turns and its own frame: a bounded context
 
     @classmethod
     def from_config(cls, env_cfg) -> EnvSettings:
@@ -133,6 +135,11 @@ class EnvSettings:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.pixels_per_cell < 2:
             raise ValueError(f"pixels_per_cell={self.pixels_per_cell} must be >= 2")
+        if self.history is not None and self.history < 0:
+            raise ValueError(f"history={self.history} must be >= 0 (or null: the whole episode)")
+        if self.history is not None and self.max_images_in_context:
+            raise ValueError(f"history={self.history} with max_images_in_context={self.max_images_in_context}: "
+                             "the history window already bounds the frames; use one of them")
         for key in ("pad_before", "max_images_in_context"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 0")

@@ -31,6 +31,18 @@ IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 @dataclass
+class TurnSample:
+    """One turn as its own training sequence (``env.history=K``): exactly the ids the engine was given for that turn
+    (the system prompt and the last K turns before it, with their frames) and the ids it wrote (mask 1)."""
+
+    token_ids: list[int]  # (T,)
+    loss_mask: list[int]  # (T,) 1 on the turn's response
+    rollout_logprobs: list[float]  # (T,) engine logprobs; 0 where mask 0
+    images: list[ImageInput]  # the window's frames, in order
+    turn: int  # the turn's index in its episode
+
+
+@dataclass
 class Trajectory:
     maze: Maze
     group: int  # index of the maze within the step (all G samples of a group share it)
@@ -43,6 +55,7 @@ class Trajectory:
     finish: str = ""  # success | stop_wrong | max_turns | context
     reward: float = 0.0  # set by rl.grpo.episode_reward
     images_dropped: int = 0  # images removed by env.max_images_in_context
+    samples: list[TurnSample] = field(default_factory=list)  # env.history=K: each turn as trained (else empty)
 
     def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         """Extend the sequence by ``ids``, all with loss ``mask``; logprobs default to 0 (not sampled)."""
@@ -145,20 +158,40 @@ def start_episode(maze: Maze, conv: Conversation, env: EnvSettings, group: int =
     return e, t
 
 
+def window_prompt(conv: Conversation, parts: list[dict], history: int, system: str) -> tuple[list[int], list]:
+    """``env.history=K``: the prompt of the newest turn in ``parts`` (one dict per turn: its frame ``image``, the
+    ``text`` the env gave with it, and for all but the newest the ``response`` ids and whether it ``closed``), with
+    only the last K turns before it. The window opens with the task text (then that turn's feedback) and its
+    frame; the turns after it are laid out as in the whole-episode sequence. Returns (ids, images)."""
+    s = max(0, len(parts) - 1 - history)
+    head = parts[s]["text"] if s == 0 else f"{parts[0]['text']}\n{parts[s]['text']}"
+    ids = conv.first_turn(head, parts[s]["image"], system)
+    for prev, cur in zip(parts[s:-1], parts[s + 1:]):
+        ids = ids + prev["response"] + conv.next_turn(cur["text"], cur["image"], prev["closed"])
+    return ids, [p["image"] for p in parts[s:]]
+
+
 _ROLLOUTS = itertools.count()
 
 
 @torch.no_grad()
 def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSettings,
             sampling: SamplingParams, progress: bool = False, desc: str = "rollout") -> list[Trajectory]:
-    """Play ``group_size`` episodes on each maze; returns B*G trajectories, group-major."""
+    """Play ``group_size`` episodes on each maze; returns B*G trajectories, group-major.
+
+    ``env.history`` = K: each turn is prompted with the last K turns only (``window_prompt``) and kept as its own
+    ``TurnSample``; the trajectory's whole-episode sequence is still recorded (transcripts, token counts)."""
     conv = Conversation(processor)
-    trajs, envs = [], []
+    trajs, envs, parts, prompts = [], [], [], []
+    history = env.history
     for g, maze in enumerate(mazes):
         for _ in range(group_size):
             e, t = start_episode(maze, conv, env, group=g)
             trajs.append(t)
             envs.append(e)
+            if history is not None:
+                parts.append([{"image": t.images[0], "text": e.task_prompt}])
+                prompts.append(window_prompt(conv, parts[-1], history, e.system_prompt))
     live = list(range(len(trajs)))
     episode_ids = next(_ROLLOUTS)  # keys this rollout's episodes apart from any other's in the engine's cache
     bar = tqdm(total=max(env.turns_for(m.size) for m in mazes), desc=desc, disable=not progress, leave=False)
@@ -167,13 +200,20 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
         seed = None if sampling.seed is None else derive_seed(sampling.seed, turn)
         params = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens,
                                 sampling.stop, seed)
-        completions = engine.generate([Prompt(trajs[i].token_ids, trajs[i].images, (episode_ids, i)) for i in live],
-                                      params)
+        if history is None:
+            requests = [Prompt(trajs[i].token_ids, trajs[i].images, (episode_ids, i)) for i in live]
+        else:
+            requests = [Prompt(prompts[i][0], prompts[i][1], (episode_ids, i)) for i in live]
+        completions = engine.generate(requests, params)
         still = []
         for i, comp in zip(live, completions):
             t, e = trajs[i], envs[i]
             keep = sampling.max_new_tokens  # the per-turn limit holds whatever the engine returns
             t.append(comp.token_ids[:keep], 1, comp.logprobs[:keep])
+            if history is not None:
+                (ids, images), out = prompts[i], comp.token_ids[:keep]
+                t.samples.append(TurnSample(ids + out, [0] * len(ids) + [1] * len(out),
+                                            [0.0] * len(ids) + list(comp.logprobs[:keep]), images, turn))
             text = processor.tokenizer.decode(comp.token_ids[:keep], skip_special_tokens=True)
             t.actions.append(text)
             obs, _, terminated, truncated, info = e.step(text)
@@ -185,7 +225,13 @@ def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSetti
                 continue
             image = conv.image(obs["image"])
             nxt = conv.next_turn(obs["text"], image, closed)
-            if len(t.token_ids) + len(nxt) + sampling.max_new_tokens > env.max_context_tokens:
+            length = len(t.token_ids) + len(nxt)  # the next prompt's length
+            if history is not None:
+                parts[i][-1].update(response=comp.token_ids[:keep], closed=closed)
+                parts[i].append({"image": image, "text": obs["text"]})
+                prompts[i] = window_prompt(conv, parts[i], history, e.system_prompt)
+                length = len(prompts[i][0])
+            if length + sampling.max_new_tokens > env.max_context_tokens:
                 t.finish = "context"
                 t.append(conv.newline if closed else conv.assistant_close, 0)
                 continue

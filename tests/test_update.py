@@ -98,4 +98,5 @@ def test_rewards_by_hand():
     assert episode_reward(stopped, shaped) == pytest.approx(-0.08)  # no penalty unless asked for
     strict = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
                                                invalid_penalty=0.1, revisit_penalty=0.02, wrong_stop_penalty=0.5))
-    assert episode_reward(stopped, strict) == pytest.approx(-0.58) and episode_reward(failed, strict) == pytest.approx(-0.08)
+    assert episode_reward(stopped, strict) == pytest.approx(-0.58)
+    assert episode_reward(failed, strict) == pytest.approx(-0.08)
