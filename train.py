@@ -299,7 +299,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                     "(algo.ppo_epochs=1, algo.minibatches=1) every ratio is 1 and the clip is never reached")
     if cfg.env.max_images_in_context:
         log.warning("env.max_images_in_context=%d: each episode is trained as one sequence, so turns before the "
-                    "last %d are trained without the frames they were sampled from", cfg.env.max_images_in_context,
+                    "last %d are trained without the frames they were sampled from (env.history=K trains each turn "
+                    "with the context it was sampled with)", cfg.env.max_images_in_context,
                     cfg.env.max_images_in_context)
     faults_at = faults.schedule()
 
@@ -363,7 +364,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                             flip="flip_advantage" in fault, reward_cfg=cfg.reward)
         kept = batch.kept
         if a.filter_zero_std and world > 1:
-            per_rank = D.all_gather_objects(len(kept) // a.group_size)
+            per_rank = D.all_gather_objects(batch.kept_episodes // a.group_size)
             if len(set(per_rank)) > 1:
                 D.print0(f"step {step + 1}: groups kept per rank {per_rank} (the shorter ranks run zero-weight "
                          "micro-batches)")
@@ -400,8 +401,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "bumps": float(sum(t.final_info.get("bumps", 0) for t in trajs)),
             "revisits": float(sum(t.final_info.get("revisits", 0) for t in trajs)),
             "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
-            "resp_tokens": float(batch.mask.sum()), "kept": float(len(kept)),
-            "tokens": float(sum(len(t.token_ids) for t in trajs)),
+            "resp_tokens": float(batch.mask.sum()), "kept": float(batch.kept_episodes),
+            "tokens": float(sum(len(r.token_ids) for r in batch.rows)),  # trained tokens
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)

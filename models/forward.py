@@ -239,14 +239,16 @@ def turn_index(mask: torch.Tensor) -> torch.Tensor:
     return starts.cumsum(-1).long() - 1
 
 
-def gap_by_turn(logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
-                turns: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gap_by_turn(logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, turns: int,
+                offset: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of |trainer - engine| logprob and token count per turn index (turns >= ``turns`` - 1 pooled).
 
-    logp, engine_logp, mask: (N, T). Returns two (turns,) float64 tensors: gap sums and token counts.
+    logp, engine_logp, mask: (N, T); ``offset`` (N,): the episode turn of each row's first response (rows that
+    are single turns). Returns two (turns,) float64 tensors: gap sums and token counts.
     """
     on = mask > 0
-    idx = turn_index(mask).clamp(0, turns - 1)[on]
+    index = turn_index(mask) + (offset.view(-1, 1) if offset is not None else 0)
+    idx = index.clamp(0, turns - 1)[on]
     diff = (logp.detach() - engine_logp).abs()[on].double()
     sums = torch.zeros(turns, dtype=torch.float64).index_add_(0, idx, diff)
     counts = torch.zeros(turns, dtype=torch.float64).index_add_(0, idx, torch.ones_like(diff))

@@ -241,35 +241,41 @@ class Scoring:
 
 @dataclass
 class StepBatch:
-    """One rank's trajectories and per-token tensors (N rows, T = the longest trajectory)."""
+    """One rank's training rows and per-token tensors (N rows, T = the longest row). A row is a whole episode
+    (a ``Trajectory``) or, with ``env.history=K``, one turn (a ``TurnSample``)."""
 
-    trajs: list[Trajectory]
+    rows: list  # (N,) Trajectory or TurnSample: token_ids, images, loss_mask, rollout_logprobs
     mask: torch.Tensor  # (N, T) 1 on trained tokens (0 everywhere on zero-weight padding rows)
     rollout_lp: torch.Tensor  # (N, T) engine logprobs
-    advantages: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N,) or (N, T) (turn-level credit on whole episodes)
     old_lp: torch.Tensor | None = None  # (N, T) when there is more than one update per step
     ref_lp: torch.Tensor | None = None  # (N, T) when KL is on
-    rewards: torch.Tensor | None = None  # (n,) the real rows' rewards (after KL-in-reward)
+    rewards: torch.Tensor | None = None  # (E,) the episodes' rewards (after KL-in-reward)
     kept: list[int] | None = None  # rows the update trains on (DAPO's filter drops zero-variance groups)
+    kept_episodes: int = 0  # episodes those rows come from
+    first_turn: torch.Tensor | None = None  # (N,) long: the episode turn of each row's first response
 
     @classmethod
     def for_sft(cls, trajs: list[Trajectory], n_real: int) -> StepBatch:
         """An SFT batch: the assistant tokens of expert conversations; rows past ``n_real`` are zero-weight
         stand-ins (a rank with no conversation this step still runs the collectives)."""
         mask, rollout_lp = _token_tensors(trajs, n_real)
-        return cls(trajs, mask, rollout_lp, torch.zeros(len(trajs)), kept=list(range(n_real)))
+        return cls(trajs, mask, rollout_lp, torch.zeros(len(trajs)), kept=list(range(n_real)), kept_episodes=n_real)
+
+
+def episode_turn_advantages(trajs: list[Trajectory], episode_adv: torch.Tensor, algo, reward_cfg) -> list[list[float]]:
+    """Each episode's per-turn GiGPO advantages (``turn_advantages``) from the per-turn rewards' discounted returns;
+    a turn's anchor is the agent's cell before it (the maze is the group's)."""
+    returns = [discounted_returns(turn_rewards(t, reward_cfg), algo.gamma) for t in trajs]
+    anchors = [[tuple(p) for p in t.path[:-1]] for t in trajs]  # the cell each turn starts from
+    return turn_advantages(episode_adv, returns, anchors, algo.group_size, algo.step_adv_weight,
+                           algo.norm_adv_by_std, algo.eps)
 
 
 def turn_token_advantages(trajs: list[Trajectory], episode_adv: torch.Tensor, mask: torch.Tensor, algo,
                           reward_cfg) -> torch.Tensor:
-    """(N, T) advantages: each generated token gets its turn's GiGPO advantage (``rl.grpo.turn_advantages``) from
-    the per-turn rewards' discounted returns; a turn's anchor is the agent's cell before it (the maze is the
-    group's)."""
-
-    returns = [discounted_returns(turn_rewards(t, reward_cfg), algo.gamma) for t in trajs]
-    anchors = [[tuple(p) for p in t.path[:-1]] for t in trajs]  # the cell each turn starts from
-    per_turn = turn_advantages(episode_adv, returns, anchors, algo.group_size, algo.step_adv_weight,
-                               algo.norm_adv_by_std, algo.eps)
+    """(N, T) advantages of whole-episode rows: each generated token gets its turn's GiGPO advantage."""
+    per_turn = episode_turn_advantages(trajs, episode_adv, algo, reward_cfg)
     out = torch.zeros_like(mask)
     turns = turn_index(mask[:len(trajs)]).clamp(min=0)
     for i, row in enumerate(per_turn):
@@ -279,7 +285,21 @@ def turn_token_advantages(trajs: list[Trajectory], episode_adv: torch.Tensor, ma
     return out
 
 
-def _token_tensors(trajs: list[Trajectory], n_real: int) -> tuple[torch.Tensor, torch.Tensor]:
+def training_rows(trajs: list[Trajectory]) -> tuple[list, list[int], list[int]]:
+    """(rows, episode of each row, episode turn of each row's first response): the episodes themselves, or with
+    ``env.history=K`` their turns, each trained with exactly the context it was sampled with."""
+    if not any(t.samples for t in trajs):
+        return list(trajs), list(range(len(trajs))), [0] * len(trajs)
+    rows, episode, turn = [], [], []
+    for i, t in enumerate(trajs):
+        for sample in t.samples:
+            rows.append(sample)
+            episode.append(i)
+            turn.append(sample.turn)
+    return rows, episode, turn
+
+
+def _token_tensors(trajs: list, n_real: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, T) loss mask and engine logprobs, right-padded; rows past ``n_real`` stay zero."""
     width = max(len(t.token_ids) for t in trajs)
     mask = torch.zeros((len(trajs), width), dtype=torch.float32)  # (N, T)
@@ -292,34 +312,44 @@ def _token_tensors(trajs: list[Trajectory], n_real: int) -> tuple[torch.Tensor, 
 
 def build_batch(trajs: list[Trajectory], rewards: torch.Tensor, algo, s: Scoring, *, policy=None, reference=None,
                 flip: bool = False, reward_cfg=None) -> StepBatch:
-    """Everything the update needs from one rank's trajectories, in one place: the masks and engine logprobs
-    (N, T); the old policy's logprobs when there is more than one update per step (on-policy with one update,
-    the update's own forward is the old policy: no extra pass); the reference's when KL is on (subtracted from
-    the rewards with ``algo.kl_in=reward``); group advantages (``flip``: negated, the learning test's fault);
-    the rows kept by DAPO's zero-variance filter.
+    """Everything the update needs from one rank's trajectories, in one place: the training rows (episodes, or their
+    turns with ``env.history=K``), their masks and engine logprobs (N, T); the old policy's logprobs when there is
+    more than one update per step (on-policy with one update, the update's own forward is the old policy: no extra
+    pass); the reference's when KL is on (subtracted from the episodes' rewards with ``algo.kl_in=reward``); group
+    advantages, per turn with ``algo.adv_level=turn`` (``flip``: negated, the learning test's fault); the rows kept
+    by DAPO's zero-variance filter. ``rewards`` (E,) are the episodes'.
     """
     a = algo
-    mask, rollout_lp = _token_tensors(trajs, len(trajs))
-    rows = list(range(len(trajs)))
+    rows, episode, turn = training_rows(trajs)
+    mask, rollout_lp = _token_tensors(rows, len(rows))
+    idx = list(range(len(rows)))
+    ep = torch.tensor(episode, dtype=torch.long)  # (N,)
     multi_update = a.ppo_epochs > 1 or a.minibatches > 1
     old_lp = ref_lp = None
     if multi_update or (reference is not None and a.kl_in == "reward"):
         policy.eval()
-        old_lp = frozen_logprobs(policy, trajs, rows, a.micro_batch, s)
+        old_lp = frozen_logprobs(policy, rows, idx, a.micro_batch, s)
     if reference is not None:
-        ref_lp = frozen_logprobs(reference, trajs, rows, a.micro_batch, s)
+        ref_lp = frozen_logprobs(reference, rows, idx, a.micro_batch, s)
     if ref_lp is not None and a.kl_in == "reward":
-        rewards = rewards - a.kl_coef * (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask).sum(-1)
-    advantages = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)
+        per_row = (kl_estimate(old_lp, ref_lp, a.kl_estimator) * mask).sum(-1)  # (N,)
+        rewards = rewards - a.kl_coef * torch.zeros_like(rewards).index_add(0, ep, per_row.to(rewards.dtype))
+    episode_adv = group_advantages(rewards, a.group_size, a.adv_estimator, a.norm_adv_by_std, a.eps)  # (E,)
     if a.adv_level == "turn":  # GiGPO: per turn, from the anchor states the group shares
         if reward_cfg is None:
             raise ValueError("algo.adv_level=turn needs the reward config (per-turn rewards)")
-        advantages = turn_token_advantages(trajs, advantages, mask, a, reward_cfg)
+        if not trajs[0].samples:
+            advantages = turn_token_advantages(trajs, episode_adv, mask, a, reward_cfg)  # (N, T)
+        else:
+            per_turn = episode_turn_advantages(trajs, episode_adv, a, reward_cfg)
+            advantages = torch.tensor([per_turn[e][t] for e, t in zip(episode, turn)])  # (N,)
+    else:
+        advantages = episode_adv[ep]  # (N,)
     if flip:
         advantages = -advantages
-    keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(rows), dtype=torch.bool)
-    return StepBatch(trajs, mask, rollout_lp, advantages, old_lp if multi_update else None, ref_lp, rewards,
-                     [i for i in rows if keep[i]])
+    keep = nonzero_std_groups(rewards, a.group_size) if a.filter_zero_std else torch.ones(len(trajs), dtype=torch.bool)
+    return StepBatch(rows, mask, rollout_lp, advantages, old_lp if multi_update else None, ref_lp, rewards,
+                     [r for r in idx if keep[episode[r]]], int(keep.sum()), torch.tensor(turn, dtype=torch.long))
 
 
 def logprobs(model, trajs: list[Trajectory], sel: list[int], s: Scoring, with_entropy: bool = False):
@@ -369,11 +399,12 @@ def accumulate(policy, b: StepBatch, rows: list[int], algo, s: Scoring, *, sft: 
     stats = {"pg": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0,
              "tis_mean": 0.0, "loss": 0.0}
     for sel, real in micro_batches(rows, a.micro_batch, pad_row):
-        lp, ent = logprobs(policy, b.trajs, sel, s, with_entropy=True)
+        lp, ent = logprobs(policy, b.rows, sel, s, with_entropy=True)
         width = lp.shape[1]
         m = b.mask[sel, :width] * float(real)  # (n, T); a padding micro-batch trains nothing
         if gap_turns is not None and real:
-            gap_turns += torch.stack(gap_by_turn(lp, b.rollout_lp[sel, :width], m, gap_turns.shape[1]))
+            offset = b.first_turn[sel] if b.first_turn is not None else None
+            gap_turns += torch.stack(gap_by_turn(lp, b.rollout_lp[sel, :width], m, gap_turns.shape[1], offset))
         if sft:
             loss = -(lp * m).sum() / max(g_tokens, 1.0)
             stats["pg"] += loss.item()

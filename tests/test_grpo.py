@@ -177,3 +177,49 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
         assert (adv[i][~on] == 0).all()
     # every group shares its first cell: the first turns are compared, so the step term is not all zero
     assert any(abs(per_turn[i][0] - float(episode[i])) > 1e-9 for i in range(len(trajs)))
+
+
+def test_per_turn_rows_get_their_episodes_and_turns_advantages():
+    """env.history=K: build_batch trains one row per turn; each row's advantage is its episode's (episode level) or
+    its own turn's GiGPO advantage (turn level), and DAPO's filter keeps or drops whole episodes' rows."""
+    from omegaconf import OmegaConf
+
+    from conf.schema import AlgoConfig, RewardConfig
+    from maze import TrainSampler
+    from maze.env import EnvSettings
+    from models.engines.base import SamplingParams
+    from models.engines.hf import HFEngine
+    from models.tiny import build_tiny
+    from rl.grpo import (
+        Scoring,
+        build_batch,
+        discounted_returns,
+        episode_reward,
+        group_advantages,
+        turn_advantages,
+        turn_rewards,
+    )
+    from rl.rollout import rollout
+
+    model, processor = build_tiny(0)
+    engine = HFEngine(model, processor)
+    trajs = rollout(engine, processor, TrainSampler(seed=2).take(2), 2, EnvSettings(max_turns=4, history=1),
+                    SamplingParams(temperature=1.0, max_new_tokens=10, seed=3))
+    shaped = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
+                                               invalid_penalty=0.1, revisit_penalty=0.02))
+    rewards = torch.tensor([episode_reward(t, shaped) for t in trajs]) + torch.tensor([0.3, 0.0, 0.0, 0.0])
+    scoring = Scoring(engine.pad_id, model.config.image_token_id, engine.banned_token_ids, 1.0)
+    episode = group_advantages(rewards, 2)
+    plain = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2)), scoring)
+    turn = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn")), scoring,
+                       reward_cfg=shaped)
+    per_turn = turn_advantages(episode, [discounted_returns(turn_rewards(t, shaped), 0.95) for t in trajs],
+                               [[tuple(p) for p in t.path[:-1]] for t in trajs], 2)
+    rows = [(i, s.turn) for i, t in enumerate(trajs) for s in t.samples]
+    assert len(plain.rows) == len(rows) == sum(t.num_turns for t in trajs) and plain.advantages.dim() == 1
+    assert torch.allclose(plain.advantages, torch.stack([episode[i] for i, _ in rows]))
+    assert torch.allclose(turn.advantages, torch.tensor([per_turn[i][k] for i, k in rows], dtype=torch.float32))
+    assert plain.first_turn.tolist() == [k for _, k in rows]
+    dapo = build_batch(trajs, torch.tensor([1.0, 0.0, 0.5, 0.5]), OmegaConf.structured(
+        AlgoConfig(group_size=2, filter_zero_std=True)), scoring)
+    assert dapo.kept == [r for r, (i, _) in enumerate(rows) if i < 2] and dapo.kept_episodes == 2

@@ -312,3 +312,55 @@ def test_kv_cache_kept_across_turns_gives_the_re_prefill_paths_episodes_and_logp
     a = rollout(kept, processor, mazes[:1], 2, dropping, greedy)
     b = rollout(HFEngine(model, processor, kv_reuse=False), processor, mazes[:1], 2, dropping, greedy)
     assert [t.token_ids for t in a] == [t.token_ids for t in b] and max(t.images_dropped for t in a) >= 1
+
+
+def test_history_window_trains_each_turn_on_the_context_it_was_sampled_with():
+    """env.history=K: every turn is its own sample holding exactly the prompt the engine was given (the task, the
+    last K turns, its frame) and what it wrote; the trainer reproduces the engine's logprobs on each sample; the
+    prompt stays bounded however long the episode; the cached and re-prefill engine paths agree."""
+    from maze.env import EnvSettings as Settings
+    from models.build import SHIPPED_SFT, load_policy_dir
+    from models.forward import collate, token_logprobs
+    from rl.grpo import training_rows
+    from rl.rollout import Conversation, window_prompt
+
+    model, processor = load_policy_dir(SHIPPED_SFT)
+    mazes = maze.TrainSampler(seed=11).take(2)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=5)
+    for k in (0, 2):
+        env = Settings(max_turns=12, history=k)
+        runs = {reuse: rollout(HFEngine(model, processor, kv_reuse=reuse), processor, mazes, 2, env, sampling)
+                for reuse in (False, True)}
+        trajs = runs[True]
+        assert [[s.token_ids for s in t.samples] for t in trajs] == [[s.token_ids for s in t.samples]
+                                                                     for t in runs[False]]
+        assert max(t.num_turns for t in trajs) >= 6
+        conv = Conversation(processor)
+        image_pad = conv.image_pad
+        for t in trajs:
+            assert [s.turn for s in t.samples] == list(range(t.num_turns))
+            for s in t.samples:
+                assert len(s.images) == min(s.turn, k) + 1  # its own frame and the last K before it
+                assert sum(tok == image_pad for tok in s.token_ids) == sum(im.num_tokens for im in s.images)
+                response = [tok for tok, m in zip(s.token_ids, s.loss_mask) if m]
+                assert response and s.loss_mask == [0] * (len(s.token_ids) - len(response)) + [1] * len(response)
+                assert processor.tokenizer.decode(response, skip_special_tokens=True) == t.actions[s.turn]
+        lengths = [len(s.token_ids) for t in trajs for s in t.samples]
+        assert max(lengths) - min(lengths) < (k + 1) * 60  # bounded: no growth with the episode
+        rows, episode, turn = training_rows(trajs)
+        assert len(rows) == sum(t.num_turns for t in trajs) and turn == [s.turn for s in rows]
+        batch = collate([r.token_ids for r in rows], [r.images for r in rows], 0, model.config.image_token_id)
+        with torch.no_grad():
+            logp = token_logprobs(model, batch, HFEngine(model, processor).banned_token_ids, 1.0)
+        for i, r in enumerate(rows):
+            m = torch.tensor(r.loss_mask, dtype=torch.bool)
+            assert (logp[i, :len(r.token_ids)][m] - torch.tensor(r.rollout_logprobs)[m]).abs().max() < 1e-4
+    # the window itself, by hand: K = 1 at turn 2 opens with the task text and turn 1's feedback and frame
+    conv = Conversation(processor)
+    frames = [conv.image(maze.MazeEnv().reset(seed=s)[0]["image"]) for s in range(3)]
+    parts = [{"image": frames[0], "text": "TASK", "response": [7, 8], "closed": True},
+             {"image": frames[1], "text": "FB1", "response": [9], "closed": False},
+             {"image": frames[2], "text": "FB2"}]
+    ids, images = window_prompt(conv, parts, 1, "SYS")
+    assert images == frames[1:]
+    assert ids == conv.first_turn("TASK\nFB1", frames[1], "SYS") + [9] + conv.next_turn("FB2", frames[2], False)
