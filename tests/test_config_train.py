@@ -60,6 +60,10 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["env.generators=[wilson,dfs]"], "env.generators"),
     (["algo.top_p=0"], "algo.top_p"),
     (["env.view=topdown"], "env.view"),
+    (["env.history=-1"], "env.history"),
+    (["env.history=2", "env.max_images_in_context=3"], "env.history"),
+    (["env.wall_gray=300"], "env.wall_gray"),
+    (["model.tiny_hidden=100"], "model.tiny_hidden"),
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):

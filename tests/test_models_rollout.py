@@ -364,3 +364,17 @@ def test_history_window_trains_each_turn_on_the_context_it_was_sampled_with():
     ids, images = window_prompt(conv, parts, 1, "SYS")
     assert images == frames[1:]
     assert ids == conv.first_turn("TASK\nFB1", frames[1], "SYS") + [9] + conv.next_turn("FB2", frames[2], False)
+
+
+def test_tiny_architecture_keys_build_a_larger_model_that_runs():
+    from models.tiny import build_tiny
+
+    big, processor = build_tiny(0, layers=4, hidden=192, vision_depth=4)
+    small, _ = build_tiny(0)
+    cfg = big.config
+    assert (cfg.text_config.num_hidden_layers, cfg.text_config.hidden_size, cfg.vision_config.depth) == (4, 192, 4)
+    assert cfg.vision_config.out_hidden_size == 192 and cfg.vision_config.deepstack_visual_indexes == [2, 3]
+    assert sum(p.numel() for p in big.parameters()) > 1.5 * sum(p.numel() for p in small.parameters())
+    trajs = rollout(HFEngine(big, processor), processor, maze.TrainSampler(seed=1).take(1), 1,
+                    EnvSettings(max_turns=2), SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
+    assert trajs[0].num_turns >= 1 and len(trajs[0].token_ids) > 0
