@@ -153,6 +153,24 @@ def make_optimizer(policy, a, total_steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
+def restore(start_ckpt: Path | None, policy, optimizer, scheduler, sampler, engine, push_weights: bool,
+            compute_dtype) -> tuple[int, dict]:
+    """Load a checkpoint into the run (fp32 masters, AdamW moments, schedule, sampler, this rank's RNG); the engine
+    then starts from the restored masters, exactly as the uninterrupted run's did. Returns (step, metrics)."""
+    from models.distributed import stream_full_weights
+    from rl import checkpoint as ckpt_io
+
+    if start_ckpt is None:
+        return 0, {}
+    state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    if push_weights:
+        engine.update_weights(stream_full_weights(policy, compute_dtype))
+    D.print0(f"resumed from {start_ckpt} at step {int(state['step'])}")
+    return int(state["step"]), state["metrics"]
+
+
 def open_writer(cfg: DictConfig, run_dir: str, start_step: int):
     """TensorBoard on rank 0; a fresh run logs the resolved config and the launch plan at step 0."""
     from torch.utils.tensorboard import SummaryWriter
@@ -287,7 +305,6 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.build import DTYPES
     from models.distributed import stream_full_weights
     from models.engines.base import SamplingParams, derive_seed
-    from rl import checkpoint as ckpt_io
     from rl.grpo import Scoring, build_batch, episode_reward
     from rl.rollout import rollout
 
@@ -320,15 +337,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
     # ---------------------------------------------------------------- optimizer, schedule, resume, logging
     optimizer, scheduler = make_optimizer(policy, a, cfg.trainer.steps)
-    start_step, metrics_state = 0, {}
-    if start_ckpt is not None:
-        state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)  # fp32 masters, AdamW moments, this rank's RNG
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        start_step, metrics_state = int(state["step"]), state["metrics"]
-        if push_weights:  # the engine starts from the restored masters, exactly as the uninterrupted run's did
-            engine.update_weights(stream_full_weights(policy, compute_dtype))
-        D.print0(f"resumed from {start_ckpt} at step {start_step}")
+    start_step, metrics_state = restore(start_ckpt, policy, optimizer, scheduler, sampler, engine, push_weights,
+                                        compute_dtype)
     writer = open_writer(cfg, run_dir, start_step)
     stop_requested = stop_on_signals()
 
@@ -469,7 +479,6 @@ def train_sft(cfg: DictConfig, run_dir: str) -> float | None:
     from maze.env import EnvSettings
     from models.build import DTYPES
     from models.distributed import stream_full_weights
-    from rl import checkpoint as ckpt_io
     from rl.grpo import Scoring, StepBatch
     from rl.sft import expert_dataset
 
@@ -491,15 +500,8 @@ def train_sft(cfg: DictConfig, run_dir: str) -> float | None:
     sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
                            braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
     optimizer, scheduler = make_optimizer(policy, a, total_steps)
-    start_step, metrics_state = 0, {}
-    if start_ckpt is not None:
-        state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        start_step, metrics_state = int(state["step"]), state["metrics"]
-        if push_weights:
-            engine.update_weights(stream_full_weights(policy, compute_dtype))
-        D.print0(f"resumed from {start_ckpt} at step {start_step}")
+    start_step, metrics_state = restore(start_ckpt, policy, optimizer, scheduler, sampler, engine, push_weights,
+                                        compute_dtype)
     writer = open_writer(cfg, run_dir, start_step)
     stop_requested = stop_on_signals()
 
