@@ -216,7 +216,7 @@ def run_eval(cfg: DictConfig, engine, processor, eval_env, writer, run_dir: str,
     write_report(report, os.path.join(run_dir, "eval", f"step_{step}"), None, step, eval_env)
     for name, s in report["suites"].items():
         for key in ("success_rate", "mean_step_ratio", "mean_bumps", "mean_revisits",
-                    "mean_invalid_actions", "mean_loops", "mean_dead_end_entries"):
+                    "mean_invalid_actions", "mean_loops", "mean_dead_end_entries", "junction_accuracy"):
             if s[key] is not None:
                 writer.add_scalar(f"eval/{name}/{key}", s[key], step)
     for k, t in enumerate(trajs[: cfg.trainer.log_transcripts]):

@@ -10,6 +10,10 @@ and invalid actions collapsed):
   (into a side branch; in a perfect maze every such branch is a dead end). A *backtrack* is the
   later step back onto the path from that branch; an episode that ends inside a branch ends
   *in_dead_end*.
+- *junction decision*: a move out of a cell with three or more open neighbours, made the first time the agent
+  stands there; it is *right* when it lowers the BFS distance to the goal. A policy that reads the maze makes
+  them right; one that guesses is right about as often as chance (one of two or three ways). Corridor moves
+  are not counted (their direction follows from the last junction).
 - failure class (one per failed episode, first match wins): stopped_wrong_cell, context_limit,
   then for time-outs: looping, stuck_in_dead_end, invalid_actions (over half the turns invalid),
   wall_bumping (over half the turns bumps), timed_out.
@@ -17,7 +21,7 @@ and invalid actions collapsed):
 
 from __future__ import annotations
 
-from maze.core import Maze, shortest_path
+from maze.core import MOVES, Maze, distances_from, shortest_path
 
 
 def collapse(path: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -57,6 +61,20 @@ def dead_end_stats(maze: Maze, path: list[tuple[int, int]]) -> dict:
             backtracks += 1
     return {"dead_end_entries": entries, "dead_end_backtracks": backtracks,
             "ended_in_dead_end": bool(cells) and cells[-1] not in on_path}
+
+
+def junction_stats(maze: Maze, path: list[tuple[int, int]]) -> dict:
+    """Junction decisions of the (collapsed) path, and how many went towards the goal (module docstring)."""
+    to_goal = distances_from(maze.grid, maze.goal)
+    cells, seen = collapse(path), set()
+    decisions = right = 0
+    for a, b in zip(cells, cells[1:]):
+        first = a not in seen
+        seen.add(a)
+        if first and sum(maze.is_floor((a[0] + dr, a[1] + dc)) for dr, dc in MOVES.values()) >= 3:
+            decisions += 1
+            right += int(to_goal[b] < to_goal[a])
+    return {"junction_decisions": decisions, "junction_right": right}
 
 
 def failure_class(success: bool, finish: str, turns: int, loops: int, ended_in_dead_end: bool,

@@ -19,7 +19,7 @@ import numpy as np
 from maze.core import Maze, load_suite
 from maze.env import EnvSettings
 from models.engines.base import SamplingParams
-from rl.analysis import count_loops, dead_end_stats, failure_class
+from rl.analysis import count_loops, dead_end_stats, failure_class, junction_stats
 from rl.rollout import Trajectory, rollout
 
 Player = Callable[[list[Maze], int], list[Trajectory]]  # (mazes, samples per maze) -> trajectories
@@ -59,7 +59,7 @@ def episode_record(suite: str, traj: Trajectory, sample: int = 0) -> dict:
         "step_ratio": (steps / optimal) if traj.success and optimal > 0 else None,
         "wasted_steps": (steps - optimal) if traj.success else None,
         "bumps": info.get("bumps", 0), "invalid_actions": info.get("invalid_actions", 0),
-        "revisits": info.get("revisits", 0), "loops": loops, **dead,
+        "revisits": info.get("revisits", 0), "loops": loops, **dead, **junction_stats(traj.maze, path),
         "path": [list(p) for p in path],
     }
 
@@ -86,6 +86,9 @@ def summarize(records: list[dict], samples: int = 1) -> dict:
         "mean_dead_end_entries": mean("dead_end_entries"),
         "dead_end_backtrack_rate": (sum(r["dead_end_backtracks"] for r in records)
                                     / max(1, sum(r["dead_end_entries"] for r in records))),
+        # first-visit moves out of junctions that went towards the goal (rl/analysis.py): reading vs guessing
+        "junction_accuracy": (sum(r.get("junction_right", 0) for r in records)
+                              / max(1, sum(r.get("junction_decisions", 0) for r in records))),
     }
     if samples > 1:
         by_maze: dict[str, list[bool]] = {}
@@ -147,13 +150,14 @@ def write_report(report: dict, out_dir: str | Path, checkpoint: str | None, step
 def report_markdown(report: dict) -> str:
     """One table of all suites plus the failure breakdown."""
     lines = ["| suite | n | success | 95% CI | mean step ratio | loops | bumps | invalid | dead-end entries "
-             "| backtrack rate | failures |", "|" + " --- |" * 11]
+             "| backtrack rate | junction accuracy | failures |", "|" + " --- |" * 12]
     for name, s in report["suites"].items():
         ratio = f"{s['mean_step_ratio']:.2f}" if s["mean_step_ratio"] is not None else "-"
         fails = ", ".join(f"{k} {v}" for k, v in sorted(s["failures"].items(), key=lambda kv: -kv[1])) or "-"
         lines.append(f"| {name} | {s['n']} | {s['success_rate']:.3f} | [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] | "
                      f"{ratio} | {s['mean_loops']:.2f} | {s['mean_bumps']:.2f} | {s['mean_invalid_actions']:.2f} | "
-                     f"{s['mean_dead_end_entries']:.2f} | {s['dead_end_backtrack_rate']:.2f} | {fails} |")
+                     f"{s['mean_dead_end_entries']:.2f} | {s['dead_end_backtrack_rate']:.2f} | "
+                     f"{s.get('junction_accuracy', float('nan')):.2f} | {fails} |")
     passes = {k for s in report["suites"].values() for k in s if k.startswith("pass@")}
     if passes:
         keys = sorted(passes, key=lambda k: int(k[5:]))

@@ -91,6 +91,24 @@ def test_dead_end_detector_on_a_hand_built_maze():
     assert stuck == {"dead_end_entries": 1, "dead_end_backtracks": 0, "ended_in_dead_end": True}
 
 
+def test_junction_decisions_on_a_hand_built_maze():
+    from rl.analysis import junction_stats
+
+    m = Maze.from_rows(["#######",
+                        "#S....#",
+                        "###.#.#",
+                        "#...#.#",
+                        "#.###.#",
+                        "#....G#",
+                        "#######"])
+    # (1, 3) is the one junction on the way (left, right, down); right is 6 -> 5 moves from the goal, down 6 -> 7
+    right = junction_stats(m, [(1, 1), (1, 2), (1, 3), (1, 3), (1, 4), (1, 5)])  # a bump at (1, 3) collapses
+    assert right == {"junction_decisions": 1, "junction_right": 1}
+    wrong = junction_stats(m, [(1, 1), (1, 2), (1, 3), (2, 3), (3, 3), (2, 3), (1, 3), (1, 4)])
+    assert wrong == {"junction_decisions": 1, "junction_right": 0}  # the second visit to (1, 3) is not a decision
+    assert junction_stats(m, [(1, 1), (1, 2)]) == {"junction_decisions": 0, "junction_right": 0}
+
+
 @pytest.mark.parametrize("kwargs,cls", [
     (dict(success=True, finish="success"), "success"),
     (dict(finish="stop_wrong", loops=3), "stopped_wrong_cell"),
