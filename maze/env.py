@@ -50,7 +50,7 @@ import numpy as np
 from gymnasium import spaces
 from PIL import Image, ImageDraw
 
-from maze.core import MOVES, Maze, distances_from, generate_maze
+from maze.core import MAX_SIZE, MIN_SIZE, MOVES, Maze, distances_from, generate_maze
 
 SYSTEM_PROMPT = (
     "You are an agent in a maze seen from above. Gray cells are walls, white cells are floor, "
@@ -126,8 +126,6 @@ class EnvSettings:
 
     def check(self) -> None:
         """Raise ValueError naming the setting when a value cannot work (``conf/schema.validate`` and ``MazeEnv``)."""
-        from maze.core import MAX_SIZE, MIN_SIZE
-
         if not (MIN_SIZE <= self.size <= MAX_SIZE) or self.size % 2 == 0:
             raise ValueError(f"size={self.size} must be odd and in [{MIN_SIZE}, {MAX_SIZE}]")
         for key in ("max_turns", "pad_to", "max_moves_per_turn", "max_context_tokens"):
