@@ -300,7 +300,7 @@ def check_nonfinite(cfg: DictConfig, step: int, skipped: bool, in_row: int) -> i
 
 # ==================================================================== GRPO
 def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the whole loop, on purpose)
-    from maze.core import TrainSampler
+    from maze.core import TrainSampler, optimal_steps
     from maze.env import EnvSettings
     from models.build import DTYPES
     from models.distributed import stream_full_weights
@@ -329,11 +329,10 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                                                                       with_reference=a.kl_coef > 0)
     env = EnvSettings.from_config(cfg.env)
     eval_env = replace(env, max_turns=cfg.trainer.eval_max_turns or cfg.env.max_turns)
-    max_turns_any = max(env.turns_for(s) for s in (list(cfg.env.train_sizes) or [cfg.env.size]))
+    sampler = TrainSampler.from_config(cfg.env, cfg.trainer.seed)
+    max_turns_any = max(env.turns_for(s) for s in ([m.size for m in sampler.mix] or sampler.sizes))
     scoring = Scoring(engine.pad_id, policy.config.image_token_id, engine.banned_token_ids, a.temperature,
                       cfg.trainer.packing, share_images=not fsdp, compute_dtype=compute_dtype)
-    sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
-                           braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
 
     # ---------------------------------------------------------------- optimizer, schedule, resume, logging
     optimizer, scheduler = make_optimizer(policy, a, cfg.trainer.steps)
@@ -354,7 +353,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
 
         # 1. rollouts: B mazes x G samples, token-in/token-out (rl/rollout.py)
         t0 = time.time()
-        mazes = sampler.take(a.mazes_per_step)[rank::world]  # every rank draws, keeps its slice (whole groups)
+        sampler.set_progress(step / max(cfg.env.curriculum_steps or cfg.trainer.steps, 1))  # curricula (env.*)
+        drawn = sampler.take(a.mazes_per_step)
+        mazes = drawn[rank::world]  # every rank draws, keeps its slice (whole groups)
         sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens, seed=derive_seed(cfg.trainer.seed, step,
                                                                                              rank))
         policy.eval()
@@ -368,6 +369,11 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
         t0 = time.time()
         rewards = torch.tensor([episode_reward(t, cfg.reward) for t in trajs])  # (N,)
         success = torch.tensor([float(t.success) for t in trajs])  # (N,)
+        curriculum_stats = {}
+        if sampler.curriculum == "replay":  # every rank's sampler records every group's success rate, in draw order
+            rates = D.all_gather_objects(success.view(-1, a.group_size).mean(1).tolist())
+            by_draw = [rates[j % world][j // world] for j in range(len(drawn))]
+            curriculum_stats = sampler.record(drawn, by_draw)
         if "uniform_rewards_last_rank" in fault and rank == world - 1 and world > 1:
             rewards = torch.zeros_like(rewards)  # this rank's groups all lose their variance (DAPO test)
         batch = build_batch(trajs, rewards, a, scoring, policy=policy, reference=reference,
@@ -440,6 +446,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9),
                 "perf/generated_tokens_per_s": tot["resp_tokens"] / max(t_rollout, 1e-9),
             }
+            if sampler.curriculum != "none":
+                scalars.update({"curriculum/progress": sampler.progress, **curriculum_stats})
+                scalars["curriculum/mean_optimal_steps"] = float(np.mean([optimal_steps(m) for m in drawn]))
             if cache_stats.get("prompt_tokens"):  # prompt tokens the engine served from its cache (this rank's)
                 hit = 1 - cache_stats["prefilled_tokens"] / cache_stats["prompt_tokens"]
                 scalars["perf/prompt_cache_hit_rate"] = hit
@@ -497,8 +506,7 @@ def train_sft(cfg: DictConfig, run_dir: str) -> float | None:
     steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
     total_steps = a.sft_epochs * steps_per_epoch
     # the GRPO runs' sampler, saved with the checkpoint so a GRPO run can resume from an SFT one's stream
-    sampler = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
-                           braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed)
+    sampler = TrainSampler.from_config(cfg.env, cfg.trainer.seed)
     optimizer, scheduler = make_optimizer(policy, a, total_steps)
     start_step, metrics_state = restore(start_ckpt, policy, optimizer, scheduler, sampler, engine, push_weights,
                                         compute_dtype)

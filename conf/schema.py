@@ -34,6 +34,17 @@ class ModelConfig:
 
 
 @dataclass
+class MixConfig:
+    """One kind of training maze in ``env.train_mix`` (``maze.core.MixItem``)."""
+
+    size: int = 9
+    generator: str = "wilson"  # wilson|backtracker|prim|kruskal|sidewinder
+    braid: float = 0.0
+    placement: str = "corners4"  # corners4 | corners | random
+    weight: float = 1.0  # drawn with probability weight / sum of weights
+
+
+@dataclass
 class EnvConfig(EnvSettings):
     """``env.*``: the environment's settings (``maze.env.EnvSettings``: their defaults and documentation live
     there, once) and the training distribution below."""
@@ -43,6 +54,15 @@ class EnvConfig(EnvSettings):
     braid: float = 0.0  # fraction of dead ends opened in training mazes
     placement: str = "corners4"  # corners4: one of the reference's four corner pairs | corners: top-left to
     # bottom-right only | random: two rooms at BFS distance >= the size
+    # A weighted mixture of maze kinds; when set it replaces the four keys above (which then must keep their
+    # defaults). E.g. env.train_mix='[{size:7},{size:9,generator:prim},{size:11,braid:0.5,weight:2}]'
+    train_mix: list[MixConfig] = field(default_factory=list)
+    curriculum: str = "none"  # none | size (sizes of the mix unlock smallest first) | reverse (starts move from
+    # next to the goal out to the real start) | replay (re-draw the mazes the policy failed)
+    curriculum_steps: int = 0  # size/reverse: the curriculum reaches the full distribution at this step (0: the
+    # run's last step)
+    replay_fraction: float = 0.5  # replay: share of each step's mazes drawn from the failure buffer
+    replay_capacity: int = 256  # replay: mazes kept in the buffer (newest)
 
 
 @dataclass
@@ -190,11 +210,65 @@ class ConfigError(ValueError):
     """A config value a user set that cannot work; the message names the key."""
 
 
+def _check_mix(env) -> None:
+    """``env.train_mix`` and the curriculum keys: each element's values, and no half-used combination."""
+    from maze.core import GENERATORS, MAX_SIZE, MIN_SIZE
+
+    for i, item in enumerate(env.train_mix):
+        key = f"env.train_mix[{i}]"
+        if not (MIN_SIZE <= item.size <= MAX_SIZE) or item.size % 2 == 0:
+            raise ConfigError(f"{key}.size={item.size} must be odd and in [{MIN_SIZE}, {MAX_SIZE}]")
+        if item.generator not in GENERATORS:
+            raise ConfigError(f"{key}.generator={item.generator!r} is not one of {', '.join(GENERATORS)}")
+        if item.placement not in CHOICES["env.placement"]:
+            raise ConfigError(f"{key}.placement={item.placement!r} is not one of {', '.join(CHOICES['env.placement'])}")
+        if not 0 <= item.braid <= 1:
+            raise ConfigError(f"{key}.braid={item.braid} must be in [0, 1]")
+        if item.weight <= 0:
+            raise ConfigError(f"{key}.weight={item.weight} must be > 0")
+    if env.train_mix:
+        defaults = EnvConfig()
+        for name in ("train_sizes", "generators", "braid", "placement"):
+            if getattr(env, name) != getattr(defaults, name):
+                raise ConfigError(f"env.{name} is set with env.train_mix; the mix names every kind it draws "
+                                  f"(put {name} into its elements)")
+    if env.curriculum == "size" and len({m.size for m in env.train_mix}) < 2:
+        raise ConfigError("env.curriculum=size needs env.train_mix with at least two sizes")
+    if env.curriculum_steps < 0:
+        raise ConfigError(f"env.curriculum_steps={env.curriculum_steps} must be >= 0")
+    if env.replay_capacity < 1:
+        raise ConfigError(f"env.replay_capacity={env.replay_capacity} must be >= 1")
+    if not 0 < env.replay_fraction < 1:
+        raise ConfigError(f"env.replay_fraction={env.replay_fraction} must be in (0, 1)")
+
+
+def _check_frames_fit(cfg) -> None:
+    """Every size the run draws or evaluates must reach the model at its own resolution: a frame larger than
+    ``model.max_pixels`` is resized by the processor, and resized walls blur across patches."""
+    from maze.core import load_suite
+    from maze.env import frame_side
+
+    env = cfg.env
+    sizes = {env.size, *env.train_sizes, *(m.size for m in env.train_mix)}
+    for name in cfg.trainer.get("eval_suites", None) or []:
+        try:
+            sizes.update(m.size for m in load_suite(name).mazes)
+        except KeyError as err:
+            raise ConfigError(f"trainer.eval_suites: {err.args[0]}") from None
+    for size in sorted(sizes):
+        _, side = frame_side(size, env.pixels_per_cell, env.pad_to, env.pad_before, env.view)
+        if side * side > cfg.model.max_pixels:
+            raise ConfigError(f"model.max_pixels={cfg.model.max_pixels} is smaller than the {side}x{side} px frame "
+                              f"of a {size}x{size} maze (env.view={env.view}, env.pixels_per_cell="
+                              f"{env.pixels_per_cell}): the processor would resize it; raise model.max_pixels")
+
+
 CHOICES = {
     "model.name": ("tiny", "qwen3_vl_2b", "qwen3_vl_4b", "qwen3_vl_8b"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
     "env.placement": ("corners", "corners4", "random"),
+    "env.curriculum": ("none", "size", "reverse", "replay"),
     "algo.name": ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "sft"),
     "algo.adv_estimator": ("grpo", "rloo"),
     "algo.adv_level": ("episode", "turn"),
@@ -235,6 +309,8 @@ def validate(cfg) -> None:
     for g in cfg.env.generators:
         if g not in GENERATORS:
             raise ConfigError(f"env.generators contains {g!r}; choose from {', '.join(GENERATORS)}")
+    _check_mix(cfg.env)
+    _check_frames_fit(cfg)
     positive = ["algo.group_size",
                 "algo.mazes_per_step", "algo.ppo_epochs", "algo.minibatches", "algo.micro_batch",
                 "algo.max_new_tokens", "algo.sft_epochs", "algo.sft_mazes", "algo.sft_batch",

@@ -110,8 +110,9 @@ def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
 
     a = cfg.algo
     conv = Conversation(processor, keep_pixels=False)  # pixels are recomputed when a batch is scored
-    mazes = TrainSampler(sizes=list(cfg.env.train_sizes) or [cfg.env.size], generators=list(cfg.env.generators),
-                         braid=cfg.env.braid, placement=cfg.env.placement, seed=cfg.trainer.seed).take(a.sft_mazes)
+    sampler = TrainSampler.from_config(cfg.env, cfg.trainer.seed)
+    sampler.set_progress(1.0)  # a curriculum is GRPO's: SFT draws the whole distribution
+    mazes = sampler.take(a.sft_mazes)
     if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
         rng = np.random.default_rng([cfg.trainer.seed, 7])
         mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]

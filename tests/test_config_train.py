@@ -46,6 +46,8 @@ def test_experiment_reference_8b_composes():
 def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     with pytest.raises((ConfigCompositionException, ConfigKeyError)):
         _compose(["algo.group_sise=4"])
+    with pytest.raises((ConfigCompositionException, ConfigKeyError), match="sise"):
+        _compose(["env.train_mix=[{sise:7}]"])  # a mixture element's keys are checked too
     with pytest.raises(ConfigCompositionException, match="grpoo"):
         _compose(["algo=grpoo"])
     with pytest.raises((ConfigCompositionException, ValidationError)):
@@ -64,6 +66,15 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["env.history=2", "env.max_images_in_context=3"], "env.history"),
     (["env.wall_gray=300"], "env.wall_gray"),
     (["model.tiny_hidden=100"], "model.tiny_hidden"),
+    (["env.train_mix=[{size:7},{size:10}]"], "env.train_mix[1].size"),
+    (["env.train_mix=[{generator:dfs}]"], "env.train_mix[0].generator"),
+    (["env.train_mix=[{weight:0}]"], "env.train_mix[0].weight"),
+    (["env.train_mix=[{size:7}]", "env.train_sizes=[9]"], "env.train_sizes"),
+    (["env.curriculum=size"], "env.curriculum"),
+    (["env.curriculum=sizes"], "env.curriculum"),
+    (["env.curriculum=replay", "env.replay_fraction=1"], "env.replay_fraction"),
+    (["env.train_mix=[{size:9},{size:21}]"], "model.max_pixels"),
+    (["trainer.eval_suites=[fixed64,size23]"], "trainer.eval_suites"),
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):

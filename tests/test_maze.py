@@ -516,3 +516,79 @@ def test_reference_interface_oracle_solves_fixed64_in_20_steps():
     assert all(t.success for t in trajs)
     assert trajs[0].actions[-1] == "<action>('stop', 'stop')</action>"
     assert all(a.startswith("<action>('move', ") for a in trajs[0].actions[:-1])
+
+
+def test_train_mix_draws_its_kinds_by_weight_and_never_an_eval_layout():
+    from maze.core import MixItem
+
+    mix = [MixItem(7), MixItem(11, "prim", placement="random"), MixItem(9, "kruskal", braid=0.5, weight=3)]
+    drawn = maze.TrainSampler(mix=mix, seed=3).take(400)
+    kinds = [(m.size, m.generator, m.braid, m.placement) for m in drawn]
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    assert set(counts) == {(7, "wilson", 0.0, "corners4"), (11, "prim", 0.0, "random"), (9, "kruskal", 0.5, "corners4")}
+    assert 0.5 < counts[(9, "kruskal", 0.5, "corners4")] / 400 < 0.7  # weight 3 of 5
+    assert not any(m.layout_hash in maze.eval_layouts() for m in drawn)
+
+
+def test_size_curriculum_unlocks_sizes_smallest_first():
+    from maze.core import MixItem
+
+    s = maze.TrainSampler(mix=[MixItem(7), MixItem(11), MixItem(15)], curriculum="size")
+    s.set_progress(0.0)
+    assert {m.size for m in s.take(40)} == {7}
+    s.set_progress(0.5)
+    assert {m.size for m in s.take(60)} == {7, 11}
+    s.set_progress(1.0)
+    assert {m.size for m in s.take(60)} == {7, 11, 15}
+
+
+def test_reverse_curriculum_starts_on_the_shortest_path_moving_out_from_the_goal():
+    from maze.core import optimal_steps, shortest_path
+
+    s = maze.TrainSampler(curriculum="reverse", seed=4)
+    full = maze.TrainSampler(seed=4).take(12)
+    s.set_progress(0.0)
+    near = s.take(12)
+    assert [optimal_steps(m) for m in near] == [2] * 12
+    for moved, real in zip(near, full):
+        assert moved.layout_hash == real.layout_hash and moved.goal == real.goal
+        assert moved.start in shortest_path(real)  # on the real route, two cells before the goal
+    s.set_progress(0.5)
+    half = s.take(12)
+    real = maze.TrainSampler(seed=4).take(24)[12:]
+    for moved, r in zip(half, real):
+        assert optimal_steps(moved) == max(2, round(0.5 * optimal_steps(r)))
+    s.set_progress(1.0)
+    assert s.take(3) == maze.TrainSampler(seed=4).take(27)[24:]
+
+
+def test_replay_redraws_failed_mazes_by_weight_and_resumes_its_buffer():
+    s = maze.TrainSampler(curriculum="replay", replay_fraction=0.5, seed=5)
+    first = s.take(8)
+    stats = s.record(first, [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    assert stats["replay/buffer"] == 8 and stats["replay/unsolved_share"] == 0.25
+    state = s.state_dict()
+    nxt = s.take(4)
+    # half of the draw is replayed; with weights (1 - success) + 1e-3 the two unsolved mazes come first
+    assert {m.content_hash for m in nxt[:2]} == {first[0].content_hash, first[7].content_hash}
+    assert all(m.content_hash not in {f.content_hash for f in first} for m in nxt[2:])
+    again = maze.TrainSampler(curriculum="replay", replay_fraction=0.5, seed=5)
+    again.load_state_dict(state)
+    assert again.take(4) == nxt
+    s.record(nxt[:1], [1.0])  # a replayed maze's entry is refreshed, not duplicated
+    assert len(s.replay) == 8 and s.replay[-1][1] == 1.0
+
+
+def test_new_held_out_suites_are_what_they_say():
+    from maze.core import GENERATORS
+
+    assert all(m.size == 17 for m in maze.load_suite("size17").mazes)
+    side = maze.load_suite("gen_sidewinder").mazes
+    assert "sidewinder" in GENERATORS and all(m.generator == "sidewinder" for m in side)
+    assert all(set(m.to_rows()[1][1:-1]) <= set(".SG") for m in side)  # sidewinder: the top row is one corridor
+    for name, size in (("braided11", 11), ("braided13", 13)):
+        mazes = maze.load_suite(name).mazes
+        assert all(m.size == size and m.braid == 0.5 for m in mazes)
+        # several routes: more open cells than a tree has (a perfect maze has exactly rooms - 1 corridors)
+        n = (size - 1) // 2
+        assert all(int((m.grid == 0).sum()) > n * n + n * n - 1 for m in mazes)

@@ -378,3 +378,38 @@ def test_tiny_architecture_keys_build_a_larger_model_that_runs():
     trajs = rollout(HFEngine(big, processor), processor, maze.TrainSampler(seed=1).take(1), 1,
                     EnvSettings(max_turns=2), SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
     assert trajs[0].num_turns >= 1 and len(trajs[0].token_ids) > 0
+
+
+def test_observation_scales_to_15_and_17_without_resizing_and_episodes_fit(tiny):
+    """A policy trained at several sizes reads any of them: the default (egocentric, 8 px) frame of every size up to
+    19 reaches the model at its own resolution (one merged token per 32 px, no resize), 15x15 is 64 image tokens a
+    turn and 17x17 81; a whole 15x15 episode at its full budget (56 turns, thought-length answers) fits the context;
+    at 17x17 the whole episode does not, and ``env.history`` windows keep every turn's prompt short."""
+    from tests.test_fuzz_rollout import ScriptedEngine
+
+    from rl.rollout import Conversation
+
+    _, processor = tiny
+    conv = Conversation(processor)
+    for size in range(5, 20, 2):
+        obs, _ = maze.MazeEnv(size=size).reset(seed=0)
+        image = conv.image(obs["image"])
+        side = obs["image"].shape[0]
+        assert int(image.grid_thw[1]) * 16 == side == int(image.grid_thw[2]) * 16  # not resized
+        assert image.num_tokens == (side // 32) ** 2
+    tokens = {size: conv.image(maze.MazeEnv(size=size).reset(seed=0)[0]["image"]).num_tokens for size in (15, 17)}
+    assert tokens == {15: 64, 17: 81}
+    answer = processor.tokenizer.encode("<think>facing up; open up down left</think><action>up</action>",
+                                        add_special_tokens=False) + [conv.eos]  # bumps every turn: the full budget
+    env = EnvSettings()  # 9x9 budget 20, scaled by area: 15x15 gets 56 turns, 17x17 72
+    whole15 = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[15]).take(1), 1, env,
+                      SamplingParams(max_new_tokens=32))[0]
+    assert whole15.finish == "max_turns" and whole15.num_turns == 56
+    assert len(whole15.token_ids) <= env.max_context_tokens
+    whole17 = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[17]).take(1), 1, env,
+                      SamplingParams(max_new_tokens=32))[0]
+    assert whole17.finish == "context"  # 72 turns of 81 image tokens do not fit 8192
+    windowed = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[17]).take(1), 1,
+                       replace(env, history=2), SamplingParams(max_new_tokens=32))[0]
+    assert windowed.finish == "max_turns" and windowed.num_turns == 72
+    assert max(len(s.token_ids) for s in windowed.samples) < 600
