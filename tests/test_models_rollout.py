@@ -385,9 +385,8 @@ def test_observation_scales_to_15_and_17_without_resizing_and_episodes_fit(tiny)
     19 reaches the model at its own resolution (one merged token per 32 px, no resize), 15x15 is 64 image tokens a
     turn and 17x17 81; a whole 15x15 episode at its full budget (56 turns, thought-length answers) fits the context;
     at 17x17 the whole episode does not, and ``env.history`` windows keep every turn's prompt short."""
-    from tests.test_fuzz_rollout import ScriptedEngine
-
     from rl.rollout import Conversation
+    from tests.test_fuzz_rollout import ScriptedEngine
 
     _, processor = tiny
     conv = Conversation(processor)
