@@ -543,7 +543,7 @@ def train_sft(cfg: DictConfig, run_dir: str) -> float | None:
         step_done = step + 1
         tot = {key: D.all_reduce_sum(v) for key, v in {
             "n": float(n_real), "turns": float(sum(t.num_turns for t in trajs[:n_real])),
-            "tokens": float(sum(len(t.token_ids) for t in trajs[:n_real])),
+            "tokens": float(sum(len(batch.rows[i].token_ids) for i in batch.kept)),
             "trained": float(batch.mask.sum())}.items()}
         if writer is not None:
             n_upd = max(n_updates, 1)

@@ -257,10 +257,13 @@ class StepBatch:
 
     @classmethod
     def for_sft(cls, trajs: list[Trajectory], n_real: int) -> StepBatch:
-        """An SFT batch: the assistant tokens of expert conversations; rows past ``n_real`` are zero-weight
-        stand-ins (a rank with no conversation this step still runs the collectives)."""
-        mask, rollout_lp = _token_tensors(trajs, n_real)
-        return cls(trajs, mask, rollout_lp, torch.zeros(len(trajs)), kept=list(range(n_real)), kept_episodes=n_real)
+        """An SFT batch: the assistant tokens of expert conversations (or, with ``env.history=K``, of their turns);
+        conversations past ``n_real`` are zero-weight stand-ins (a rank with no conversation this step still runs
+        the collectives)."""
+        rows, episode, _ = training_rows(trajs)
+        n_rows = sum(1 for i in episode if i < n_real)  # rows are in episode order
+        mask, rollout_lp = _token_tensors(rows, n_rows)
+        return cls(rows, mask, rollout_lp, torch.zeros(len(rows)), kept=list(range(n_rows)), kept_episodes=n_real)
 
 
 def episode_turn_advantages(trajs: list[Trajectory], episode_adv: torch.Tensor, algo, reward_cfg) -> list[list[float]]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from maze.core import MOVES, Maze
 from maze.env import EnvSettings, format_action
-from rl.rollout import Conversation, Trajectory, start_episode
+from rl.rollout import Conversation, Trajectory, TurnSample, start_episode, window_prompt
 
 EXPERTS = ("bfs", "wall_follower")
 _EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
@@ -65,6 +65,9 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     the expert's recovery, which is trained on. Without it the data never leaves the expert's path.
     ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
     ``with_thought`` prefixes each turn with ``thought(...)`` (trained on, except on noisy turns).
+    ``env.history=K``: each trained turn is also kept as its own ``TurnSample`` prompted exactly as a rollout
+    prompts it (``window_prompt``: the task, the last K turns, its frame), so SFT trains the per-turn policy GRPO
+    will sample; noisy turns are in the windows of later turns but are not samples.
     """
     from rl.policies import ACT, START_HEADING
 
@@ -74,8 +77,9 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     rng = np.random.default_rng([seed, *maze.grid.shape])
     budget = max_turns or 2 * env.turns_for(maze.size)
     e, t = start_episode(maze, conv, replace(env, max_moves_per_turn=1), max_turns=budget)
+    parts = [{"image": t.images[0], "text": e.task_prompt}]
     state: dict = {}
-    for _ in range(budget):
+    for turn in range(budget):
         at_goal = e.position == maze.goal
         think = thought(maze, e.position, state.get("heading", START_HEADING)) if with_thought else ""
         off = noise > 0 and not at_goal and rng.random() < noise
@@ -84,6 +88,11 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
             break
         text = think + format_action(move, env.interface)
         ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
+        if env.history is not None and not off:
+            prompt, images = window_prompt(conv, parts, env.history, e.system_prompt)
+            t.samples.append(TurnSample(prompt + ids, [0] * len(prompt) + [1] * len(ids), [0.0] * (len(prompt)
+                                                                                                  + len(ids)),
+                                        images, turn))
         t.append(ids, 0 if off else 1)
         t.actions.append(text)
         before = e.position
@@ -95,6 +104,8 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
             t.append(conv.newline, 0)
             break
         image = conv.image(obs["image"])
+        parts[-1].update(response=ids, closed=True)
+        parts.append({"image": image, "text": obs["text"]})
         t.images.append(image)
         t.append(conv.next_turn(obs["text"], image, closed=True), 0)
         while env.max_images_in_context and len(t.images) > env.max_images_in_context:

@@ -412,3 +412,30 @@ def test_observation_scales_to_15_and_17_without_resizing_and_episodes_fit(tiny)
                        replace(env, history=2), SamplingParams(max_new_tokens=32))[0]
     assert windowed.finish == "max_turns" and windowed.num_turns == 72
     assert max(len(s.token_ids) for s in windowed.samples) < 600
+
+
+@pytest.mark.parametrize("history", [0, 2])
+def test_sft_per_turn_samples_are_the_rollouts_prompts(tiny, history):
+    """``env.history=K`` SFT: each expert turn is a sample laid out exactly as a rollout prompts the same turn
+    (replaying the expert's answers through ``rollout`` gives the same ids and frames), and the SFT batch trains
+    exactly the answers."""
+    from rl.grpo import StepBatch
+    from rl.rollout import Conversation
+    from rl.sft import expert_trajectory
+    from tests.test_fuzz_rollout import ScriptedEngine
+
+    _, processor = tiny
+    env = EnvSettings(history=history)
+    m = maze.TrainSampler(seed=6).take(1)[0]
+    expert = expert_trajectory(m, Conversation(processor), env, "bfs", with_thought=True, max_turns=env.max_turns)
+    assert expert.success and len(expert.samples) == expert.num_turns
+    answers = [s.token_ids[s.loss_mask.index(1):] for s in expert.samples]
+    replay = rollout(ScriptedEngine(answers), processor, [m], 1, env, SamplingParams(max_new_tokens=64))[0]
+    assert replay.success and len(replay.samples) == len(expert.samples)
+    for a, b in zip(expert.samples, replay.samples):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask and a.turn == b.turn
+        assert [im.array.tobytes() for im in a.images] == [im.array.tobytes() for im in b.images]
+        assert len(a.images) == min(a.turn, history) + 1
+    batch = StepBatch.for_sft([expert, expert], 1)  # the second is a zero-weight stand-in
+    assert len(batch.rows) == 2 * len(expert.samples) and batch.kept == list(range(len(expert.samples)))
+    assert int(batch.mask.sum()) == sum(len(x) for x in answers)
