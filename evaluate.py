@@ -2,7 +2,7 @@
 
     python evaluate.py checkpoint=outputs/…/checkpoints/step_10            # greedy, default suites
     python evaluate.py checkpoint=… suites=[fixed64,size13,braided] samples=8 temperature=1.0
-    python evaluate.py policy=oracle                                        # random | wall_follower too
+    python evaluate.py policy=oracle                  # random | wall_follower | greedy | lookahead8 too
     python evaluate.py suites=list                                          # what suites exist
     python evaluate.py compare=[runA/report.json,runB/report.json]          # side by side
 

@@ -105,6 +105,8 @@ class AlgoConfig:
     sft_max_turns: int = 0  # algo=sft: cut expert conversations after this many turns (0 = env.max_turns x 2)
     sft_random_start: float = 0.0  # algo=sft: fraction of expert conversations that start on a random floor cell
     sft_thought: bool = True  # algo=sft: each expert turn first says what it sees (<think>facing ..; open ..</think>)
+    sft_lookahead: int = 0  # algo=sft, thought on: > 0 says instead which open ways enter a dead-end pocket at most
+    # this many cells deep (<think>open up down left; not down</think>): the local feature that decides junctions
     sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
 
 
@@ -319,8 +321,8 @@ def validate(cfg) -> None:
         if get(key) < 1:
             raise ConfigError(f"{key}={get(key)} must be >= 1")
     for key in ["algo.lr", "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.entropy_coef",
-                "algo.tis_cap", "algo.temperature", "env.braid", "trainer.eval_every", "trainer.save_every",
-                "trainer.keep_last"]:
+                "algo.tis_cap", "algo.temperature", "algo.sft_lookahead", "env.braid", "trainer.eval_every",
+                "trainer.save_every", "trainer.keep_last"]:
         if get(key) < 0:
             raise ConfigError(f"{key}={get(key)} must be >= 0")
     if cfg.model.tiny_hidden < 64 or cfg.model.tiny_hidden % 64:
@@ -384,7 +386,7 @@ class EvaluateConfig:
     """
 
     checkpoint: str | None = None  # a vlmaze checkpoint dir (…/step_N), its policy/ dir, an HF dir or hub id
-    policy: str = "model"  # model | oracle | random | wall_follower
+    policy: str = "model"  # model | oracle | random | wall_follower | greedy | lookahead8 (rl/policies.py)
     # suite names, or the string "list" to print the available suites
     suites: Any = field(default_factory=lambda: ["fixed64", "size7", "size11", "gen_prim", "braided"])
     samples: int = 1  # episodes per maze; > 1 reports pass@k

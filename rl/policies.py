@@ -5,6 +5,10 @@
   that recognises the goal, so its success rate is the chance of hitting the goal in time).
 - ``wall_follower``: the right-hand rule, a classic hand-written baseline; it solves every perfect
   maze given enough turns, and can circle forever around an island in a braided one.
+- ``greedy``: depth-first search that enters the unvisited neighbour nearest the goal (Manhattan) and backs up
+  out of dead ends: navigation with memory but no planning (0.44 of ``fixed64`` in 20 turns).
+- ``lookahead8``: ``greedy`` that also never enters a dead-end pocket at most 8 cells deep (``maze.core.dead_ends``,
+  what the SFT thought names with ``algo.sft_lookahead=8``): how far that local feature goes (0.97 of ``fixed64``).
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from maze.core import MOVES, Maze, expert_actions
+from maze.core import MOVES, Maze, dead_ends, expert_actions
 from maze.env import EnvSettings, MazeEnv, format_action
 from rl.rollout import Trajectory, finish_reason
 
-POLICIES = ("oracle", "random", "wall_follower")
+POLICIES = ("oracle", "random", "wall_follower", "greedy", "lookahead8")
 START_HEADING = "down"  # the wall follower's heading before its first move
 _RIGHT_OF = {"up": "right", "right": "down", "down": "left", "left": "up"}
 _LEFT_OF = {v: k for k, v in _RIGHT_OF.items()}
@@ -49,7 +53,33 @@ def _wall_follower(env: MazeEnv, state: dict, rng) -> str:
     return "stop"  # boxed in (cannot happen in a connected maze)
 
 
-ACT = {"oracle": _oracle, "random": _random, "wall_follower": _wall_follower}
+def _dfs(lookahead: int):
+    def act(env: MazeEnv, state: dict, rng) -> str:
+        pos, goal = env.position, env.maze.goal
+        if pos == goal:
+            return "stop"
+        visited, stack = state.setdefault("visited", {pos}), state.setdefault("stack", [pos])
+        skip = set(dead_ends(env.maze, pos, lookahead)) if lookahead else set()
+        options = []
+        for move, (dr, dc) in MOVES.items():
+            n = (pos[0] + dr, pos[1] + dc)
+            if env.maze.is_floor(n) and n not in visited and move not in skip:
+                options.append((abs(n[0] - goal[0]) + abs(n[1] - goal[1]), list(MOVES).index(move), move, n))
+        if options:
+            *_, move, n = min(options)
+            visited.add(n)
+            stack.append(n)
+            return move
+        if len(stack) < 2:
+            return "stop"  # nothing left to explore (cannot happen when the goal is reachable)
+        stack.pop()
+        back = stack[-1]
+        return next(m for m, (dr, dc) in MOVES.items() if (pos[0] + dr, pos[1] + dc) == back)
+    return act
+
+
+ACT = {"oracle": _oracle, "random": _random, "wall_follower": _wall_follower, "greedy": _dfs(0),
+       "lookahead8": _dfs(8)}
 
 
 def play(policy: str, mazes: list[Maze], env: EnvSettings, seed: int = 0, samples: int = 1) -> list[Trajectory]:

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from maze.core import MOVES, Maze
+from maze.core import MOVES, Maze, dead_ends
 from maze.env import EnvSettings, format_action
 from rl.rollout import Conversation, Trajectory, TurnSample, start_episode, window_prompt
 
@@ -32,12 +32,17 @@ EXPERTS = ("bfs", "wall_follower")
 _EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
 
 
-def thought(maze: Maze, position: tuple[int, int], facing: str) -> str:
-    """The expert's perception of its cell: the goal, or its heading and the open directions."""
+def thought(maze: Maze, position: tuple[int, int], facing: str, lookahead: int = 0) -> str:
+    """The expert's perception of its cell: the goal, or its heading and the open directions; with ``lookahead``
+    > 0, the open directions and those of them that enter a dead-end pocket at most ``lookahead`` cells deep
+    (``<think>open up down left; not down</think>``, ``maze.core.dead_ends``) instead of the heading."""
     if position == maze.goal:
         return "<think>on the goal</think>"
     r, c = position
     open_dirs = [m for m, (dr, dc) in MOVES.items() if maze.is_floor((r + dr, c + dc))]
+    if lookahead > 0:
+        pockets = dead_ends(maze, position, lookahead)
+        return f"<think>open {' '.join(open_dirs)}{'; not ' + ' '.join(pockets) if pockets else ''}</think>"
     return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
 
 
@@ -56,7 +61,7 @@ def random_start(maze: Maze, rng) -> Maze:
 
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
                       noise: float = 0.0, seed: int = 0, max_turns: int = 0,
-                      with_thought: bool = False) -> Trajectory:
+                      with_thought: bool = False, lookahead: int = 0) -> Trajectory:
     """One expert conversation; the expert answers from wherever the agent stands.
 
     ``noise`` > 0 injects off-expert turns (DART-style): with that probability a uniformly random
@@ -81,7 +86,7 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     state: dict = {}
     for turn in range(budget):
         at_goal = e.position == maze.goal
-        think = thought(maze, e.position, state.get("heading", START_HEADING)) if with_thought else ""
+        think = thought(maze, e.position, state.get("heading", START_HEADING), lookahead) if with_thought else ""
         off = noise > 0 and not at_goal and rng.random() < noise
         move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
         if not env.require_stop and move == "stop":
@@ -128,5 +133,5 @@ def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
         rng = np.random.default_rng([cfg.trainer.seed, 7])
         mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]
     return [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
-                              max_turns=a.sft_max_turns, with_thought=a.sft_thought)
+                              max_turns=a.sft_max_turns, with_thought=a.sft_thought, lookahead=a.sft_lookahead)
             for k, m in enumerate(mazes)]

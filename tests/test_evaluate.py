@@ -190,7 +190,7 @@ def test_evaluate_oracle_with_the_reference_interface(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["suites=[fixed64,nope]"], "unknown suite 'nope'"),
     (["checkpoint=/does/not/exist"], "checkpoint=/does/not/exist does not exist"),
-    (["policy=greedy"], "policy='greedy' is not one of"),
+    (["policy=greedyy"], "policy='greedyy' is not one of"),
 ])
 def test_evaluate_cli_bad_input_is_one_line(args, message):
     proc = _evaluate(args)
@@ -241,3 +241,24 @@ def test_checkpoint_records_its_run_and_evaluate_uses_it(tmp_path):
     bare = _evaluate(["checkpoint=checkpoints/tiny_sft", "suites=[size7]", "figures=false", "env.max_turns=1",
                       f"hydra.run.dir={tmp_path / 'bare'}"])
     assert bare.returncode == 0 and "records no run config" in bare.stdout + bare.stderr, bare.stderr[-2000:]
+
+
+def test_greedy_explores_the_pocket_and_lookahead8_does_not():
+    from maze.core import Maze
+    from maze.env import EnvSettings
+    from rl.policies import play
+
+    m = Maze.from_rows(["#######",
+                        "#.#...#",
+                        "#.#.###",
+                        "#S..#G#",
+                        "#.###.#",
+                        "#.....#",
+                        "#######"])
+    env = EnvSettings(size=7, max_turns=40)
+    greedy, look = play("greedy", [m], env)[0], play("lookahead8", [m], env)[0]
+    assert greedy.success and look.success
+    # greedy heads right (nearest the goal) and walks the 6-cell pocket and back; then up and down tie on distance
+    # (up first, the fixed move order): the 2-cell pocket and back; then the route down
+    assert greedy.actions[0].endswith("<action>right</action>") and greedy.final_info["moves"] == 8 + 2 * 6 + 2 * 2
+    assert look.final_info["moves"] == 8 and look.final_info["optimal_steps"] == 8

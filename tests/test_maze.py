@@ -592,3 +592,24 @@ def test_new_held_out_suites_are_what_they_say():
         # several routes: more open cells than a tree has (a perfect maze has exactly rooms - 1 corridors)
         n = (size - 1) // 2
         assert all(int((m.grid == 0).sum()) > n * n + n * n - 1 for m in mazes)
+
+
+def test_dead_ends_are_the_goalless_pockets_within_the_lookahead():
+    from maze.core import Maze, dead_ends
+    from rl.sft import thought
+
+    m = Maze.from_rows(["#######",
+                        "#.#...#",
+                        "#.#.###",
+                        "#S..#G#",
+                        "#.###.#",
+                        "#.....#",
+                        "#######"])
+    # from S: up is a pocket 2 cells deep, right one 6 cells deep, down leads to the goal
+    assert dead_ends(m, m.start, 8) == ["up", "right"]
+    assert dead_ends(m, m.start, 5) == ["up"]
+    assert dead_ends(m, m.start, 1) == []
+    assert dead_ends(m, (5, 3), 20) == ["left"]  # the way back to the start, and the start's pockets, hold no goal
+    assert thought(m, m.start, "up", 8) == "<think>open up down right; not up right</think>"
+    assert thought(m, m.start, "up", 0) == "<think>facing up; open up down right</think>"
+    assert thought(m, m.goal, "up", 8) == "<think>on the goal</think>"
