@@ -107,7 +107,8 @@ class AlgoConfig:
     sft_thought: bool = True  # algo=sft: each expert turn first says what it sees (<think>facing ..; open ..</think>)
     sft_lookahead: int = 0  # algo=sft, thought on: > 0 says instead which open ways enter a dead-end pocket at most
     # this many cells deep (<think>open up down left; not down</think>): the local feature that decides junctions
-    sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions)
+    sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions) |
+    # greedy (depth-first search toward the goal that ignores what its lookahead thought says: rl/policies.py)
 
 
 @dataclass
@@ -278,7 +279,7 @@ CHOICES = {
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.kl_in": ("loss", "reward"),
-    "algo.sft_expert": ("bfs", "wall_follower"),
+    "algo.sft_expert": ("bfs", "wall_follower", "greedy"),
     "algo.lr_schedule": ("constant", "cosine"),
     "reward.name": ("sparse", "shaped"),
     "engine.name": ("hf", "vllm"),

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from maze.core import MOVES, Maze, dead_ends, expert_actions
+from maze.core import MOVES, Maze, dead_ends, expert_actions, shortest_path
 from maze.env import EnvSettings, MazeEnv, format_action
 from rl.rollout import Trajectory, finish_reason
 
@@ -59,6 +59,13 @@ def _dfs(lookahead: int):
         if pos == goal:
             return "stop"
         visited, stack = state.setdefault("visited", {pos}), state.setdefault("stack", [pos])
+        if stack[-1] != pos:  # moved by someone else (SFT noise turns): walk the search there, cell by cell
+            for cell in shortest_path(replace(env.maze, goal=pos), stack[-1])[1:]:
+                if cell in stack:
+                    del stack[stack.index(cell) + 1:]
+                else:
+                    visited.add(cell)
+                    stack.append(cell)
         skip = set(dead_ends(env.maze, pos, lookahead)) if lookahead else set()
         options = []
         for move, (dr, dc) in MOVES.items():
@@ -70,8 +77,9 @@ def _dfs(lookahead: int):
             visited.add(n)
             stack.append(n)
             return move
-        if len(stack) < 2:
-            return "stop"  # nothing left to explore (cannot happen when the goal is reachable)
+        if len(stack) < 2:  # searched out without the goal: only after noise turns marked cells it never explored
+            state["visited"], state["stack"] = {pos}, [pos]
+            return act(env, state, rng)
         stack.pop()
         back = stack[-1]
         return next(m for m, (dr, dc) in MOVES.items() if (pos[0] + dr, pos[1] + dc) == back)

@@ -1,10 +1,11 @@
 """SFT warm start: expert episodes as full multi-turn conversations (loss on assistant tokens).
 
-Experts: ``bfs`` (the shortest path; a global plan) and ``wall_follower`` (the right-hand rule;
-every decision depends only on the walls next to the agent and its heading, which the previous
-action gives). A ~1 M-parameter model can learn the local rule from pixels far more easily than
-BFS planning, so the tiny CPU recipe starts from ``wall_follower``; GRPO then has room to learn
-shortcuts the rule does not take.
+Experts: ``bfs`` (the shortest path from wherever the agent stands; the shipped start's), ``wall_follower``
+(the right-hand rule; every decision depends only on the walls next to the agent and its heading) and
+``greedy`` (depth-first search into the unvisited way nearest the goal, backing out of dead ends: navigation with
+memory but no lookahead, 0.41 of ``fixed64``). With ``algo.sft_lookahead`` the thought names the dead-end
+pockets next to the agent whatever the expert, so ``greedy`` + lookahead thoughts makes a start that sees the
+pockets but does not act on them: what the thought says and what pays is left for GRPO to connect.
 
 Each expert conversation is assembled exactly like a rollout (``rl.rollout.Conversation``), so
 SFT trains on the token layout the policy will later sample in. The expert's turn is
@@ -12,10 +13,9 @@ SFT trains on the token layout the policy will later sample in. The expert's tur
 
 With ``thought`` (``algo.sft_thought``, default on) each expert turn first says what the agent
 sees — ``<think>facing right; open up right</think><action>up</action>`` or ``<think>on the
-goal</think><action>stop</action>`` — the short thought the system prompt asks for. It gives
-every turn four wall labels and a goal label to learn from instead of one move, and the move is
-then a simple function of the model's own thought (the wall follower: the first open direction
-of right-of-facing, facing, left-of-facing, back).
+goal</think><action>stop</action>``, or with ``algo.sft_lookahead=K`` ``<think>open up down left; not
+down</think>`` (the open ways, and those that enter a pocket at most K cells deep) — the short thought the
+system prompt asks for. It gives every turn labels for what the move depends on, not only the move.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from maze.core import MOVES, Maze, dead_ends
 from maze.env import EnvSettings, format_action
 from rl.rollout import Conversation, Trajectory, TurnSample, start_episode, window_prompt
 
-EXPERTS = ("bfs", "wall_follower")
-_EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower"}
+EXPERTS = ("bfs", "wall_follower", "greedy")
+_EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower", "greedy": "greedy"}
 
 
 def thought(maze: Maze, position: tuple[int, int], facing: str, lookahead: int = 0) -> str:

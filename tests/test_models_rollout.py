@@ -439,3 +439,19 @@ def test_sft_per_turn_samples_are_the_rollouts_prompts(tiny, history):
     batch = StepBatch.for_sft([expert, expert], 1)  # the second is a zero-weight stand-in
     assert len(batch.rows) == 2 * len(expert.samples) and batch.kept == list(range(len(expert.samples)))
     assert int(batch.mask.sum()) == sum(len(x) for x in answers)
+
+
+def test_greedy_sft_expert_follows_its_search_through_noise_turns(tiny):
+    """The ``greedy`` expert (depth-first search toward the goal) keeps a consistent search when SFT noise moves the
+    agent for it (several noise turns in a row included): it reaches the goal and never stops anywhere else."""
+    from rl.rollout import Conversation
+    from rl.sft import expert_trajectory
+
+    _, processor = tiny
+    env = EnvSettings()
+    for seed, m in enumerate(maze.TrainSampler(seed=8).take(8)):
+        t = expert_trajectory(m, Conversation(processor), env, "greedy", noise=0.1, seed=seed, max_turns=200,
+                              with_thought=True, lookahead=8)
+        assert t.success and not any(i["stopped_wrong"] for i in t.infos), seed
+        clean = expert_trajectory(m, Conversation(processor), env, "greedy", max_turns=200)
+        assert clean.success and clean.final_info["moves"] >= clean.final_info["optimal_steps"]
