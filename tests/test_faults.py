@@ -64,6 +64,23 @@ def test_resume_equals_uninterrupted_and_corrupt_checkpoint_falls_back(tmp_path)
         assert _scalars(straight, tag)[3] == _scalars(resumed, tag)[3], tag
 
 
+def test_replay_curriculum_resumes_exactly(tmp_path):
+    """The replay buffer is part of the checkpoint: a run resumed at step 2 replays the same failed mazes at step 3
+    as an uninterrupted one, so its weights and logged buffer statistics are identical."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    extra = ["env.curriculum=replay", "env.replay_fraction=0.5", "env.max_turns=2"]
+    assert _train([*extra, "trainer.steps=3", f"hydra.run.dir={straight}"]).returncode == 0
+    assert _train([*extra, "trainer.steps=2", f"hydra.run.dir={resumed}"]).returncode == 0
+    proc = _train([*extra, "trainer.steps=3", f"hydra.run.dir={resumed}"])
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
+    a, b = _weights(straight, 3), _weights(resumed, 3)
+    assert all((a[k] == b[k]).all() for k in a), "resumed weights differ"
+    buffer = _scalars(straight, "replay/buffer")
+    assert buffer[1] == 2 and buffer[3] <= 4  # each step after the first replays one maze and draws one new
+    for tag in ["replay/buffer", "replay/buffer_failure_rate", "rollout/reward_mean", "loss/pg"]:
+        assert _scalars(straight, tag)[3] == _scalars(resumed, tag)[3], tag
+
+
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "trainer.steps=200",
