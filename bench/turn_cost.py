@@ -10,7 +10,8 @@ the same mazes in one run, the shipped SFT start, greedy, every episode run to i
 
     python bench/turn_cost.py [--mazes 4] [--group 4] [--turns 40] [--history 2]
 
-The last line is ``history_last_vs_first_turn=<x> whole_last_vs_first_turn=<y> history_vs_whole_update=<z>``.
+The last line is ``history_last_vs_first_turn=<x> whole_last_vs_first_turn=<y> history_vs_whole_update=<z>``, medians
+of the last 10 turns against the 10 from the first whose window is full (turn K + 1).
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ def main() -> None:
     for k in range(args.turns):
         if k < 3 or k % 5 == 4 or k == args.turns - 1:
             print(f"  {k + 1:4d}  {w['times'][k]:8.3f}  {h['times'][k]:10.3f}")
-    ratio = {n: statistics.median(r["times"][-3:]) / statistics.median(r["times"][:3]) for n, r in runs.items()}
+    k, m = args.history, 10  # turn k+1 is the first whose window is full: its 10 turns against the last 10
+    ratio = {n: statistics.median(r["times"][-m:]) / statistics.median(r["times"][k:k + m]) for n, r in runs.items()}
     for n, r in runs.items():
-        print(f"  {n}: rollout {sum(r['times']):.1f} s, last/first turn {ratio[n]:.2f} (medians of 3); update "
+        print(f"  {n}: rollout {sum(r['times']):.1f} s, last {m} turns / turns {k + 1}-{k + m} {ratio[n]:.2f} "
+              f"(medians); update "
               f"{r['update']:.2f} s = {1000 * r['update'] / r['turns']:.1f} ms per trained turn; longest row "
               f"{r['longest']} tokens")
     print(f"history_last_vs_first_turn={ratio['history']:.2f} whole_last_vs_first_turn={ratio['whole']:.2f} "
