@@ -247,14 +247,9 @@ def test_greedy_explores_the_pocket_and_lookahead8_does_not():
     from maze.core import Maze
     from maze.env import EnvSettings
     from rl.policies import play
+    from tests.test_maze import POCKETS
 
-    m = Maze.from_rows(["#######",
-                        "#.#...#",
-                        "#.#.###",
-                        "#S..#G#",
-                        "#.###.#",
-                        "#.....#",
-                        "#######"])
+    m = Maze.from_rows(POCKETS)
     env = EnvSettings(size=7, max_turns=40)
     greedy, look = play("greedy", [m], env)[0], play("lookahead8", [m], env)[0]
     assert greedy.success and look.success

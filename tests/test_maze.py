@@ -594,17 +594,21 @@ def test_new_held_out_suites_are_what_they_say():
         assert all(int((m.grid == 0).sum()) > n * n + n * n - 1 for m in mazes)
 
 
+# from S: up a pocket 2 cells deep, right one 6 cells deep, down the route to the goal (8 moves)
+POCKETS = ["#######",
+           "#.#...#",
+           "#.#.###",
+           "#S..#G#",
+           "#.###.#",
+           "#.....#",
+           "#######"]
+
+
 def test_dead_ends_are_the_goalless_pockets_within_the_lookahead():
     from maze.core import Maze, dead_ends
     from rl.sft import thought
 
-    m = Maze.from_rows(["#######",
-                        "#.#...#",
-                        "#.#.###",
-                        "#S..#G#",
-                        "#.###.#",
-                        "#.....#",
-                        "#######"])
+    m = Maze.from_rows(POCKETS)
     # from S: up is a pocket 2 cells deep, right one 6 cells deep, down leads to the goal
     assert dead_ends(m, m.start, 8) == ["up", "right"]
     assert dead_ends(m, m.start, 5) == ["up"]
