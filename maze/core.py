@@ -440,6 +440,11 @@ SUITE_SPECS: dict[str, tuple[str, dict, int]] = {
                   dict(size=11, generator="wilson", braid=0.5, placement="corners4"), 32),
     "braided13": ("13x13 Wilson with half the dead ends opened (several routes), four corner pairs",
                   dict(size=13, generator="wilson", braid=0.5, placement="corners4"), 32),
+    # recipe selection at other sizes (choose training mixtures and curricula here, report on the suites above)
+    "select7": ("recipe selection: 32 more 7x7 Wilson mazes, four corner pairs",
+                dict(size=7, generator="wilson", placement="corners4"), 32),
+    "select11": ("recipe selection: 32 more 11x11 Wilson mazes, four corner pairs",
+                 dict(size=11, generator="wilson", placement="corners4"), 32),
 }
 
 

@@ -582,6 +582,8 @@ def test_replay_redraws_failed_mazes_by_weight_and_resumes_its_buffer():
 def test_new_held_out_suites_are_what_they_say():
     from maze.core import GENERATORS
 
+    for name, size in (("select7", 7), ("select11", 11)):  # selection suites at other sizes
+        assert all(m.size == size and m.generator == "wilson" for m in maze.load_suite(name).mazes)
     assert all(m.size == 17 for m in maze.load_suite("size17").mazes)
     side = maze.load_suite("gen_sidewinder").mazes
     assert "sidewinder" in GENERATORS and all(m.generator == "sidewinder" for m in side)
