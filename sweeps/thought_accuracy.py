@@ -5,7 +5,10 @@ truth at the agent's cell.
 - ``pockets``: with ``--lookahead K`` (the SFT start's ``algo.sft_lookahead``), the ways it calls ``not ...`` are
   exactly the dead-end pockets at most K cells deep (``maze.core.dead_ends``); also the pockets it missed and the
   ways it called pockets that are not;
-- ``junction``: at cells with three or more open neighbours, the share of moves that lower the BFS distance.
+- ``junction``: at cells with three or more open neighbours, the share of moves that lower the BFS distance;
+- ``moves into a pocket``: moves into a true pocket, and how many of them the thought had named (the move went
+  against a thought that was right: an action fault, which reward can fix, rather than a reading fault); and all
+  moves into a way the thought called a pocket.
 
     python sweeps/thought_accuracy.py outputs/sft_look8/checkpoints/step_1024/policy --lookahead 8
 
@@ -41,7 +44,8 @@ def main() -> None:
     mazes = list(load_suite(args.suite).mazes[:args.mazes])
     trajs = rollout(HFEngine(model, processor), processor, mazes, 1, EnvSettings(),
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
-    c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0)
+    c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
+             into_true=0, into_true_named=0, into_named=0)
     for t in trajs:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
@@ -58,6 +62,10 @@ def main() -> None:
             c["true_pockets"] += len(true_not)
             c["missed"] += len(true_not - named)
             c["false"] += len(named - true_not)
+            if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
+                c["into_true"] += 1
+                c["into_true_named"] += move.group(1) in named
+            c["into_named"] += bool(move and move.group(1) in named)
             if len(true_open) >= 3:
                 good = {k for k in true_open if dist[r + MOVES[k][0], col + MOVES[k][1]] < dist[r, col]}
                 c["junctions"] += 1
@@ -67,7 +75,9 @@ def main() -> None:
     print(f"{args.policy}: {args.suite} x {len(mazes)} greedy | solved {sum(t.success for t in trajs) / len(trajs):.3f}"
           f" | turns {c['turns']} | open right {c['open'] / n:.3f} | pockets right {c['pockets'] / n:.3f} "
           f"(true pockets {c['true_pockets']}, missed {c['missed']}, named but not {c['false']}) | junction moves "
-          f"right {c['junction_right'] / max(c['junctions'], 1):.3f} of {c['junctions']}")
+          f"right {c['junction_right'] / max(c['junctions'], 1):.3f} of {c['junctions']} | moves into a pocket "
+          f"{c['into_true']} (the thought had named {c['into_true_named']}) | moves against the thought "
+          f"(into a way it called a pocket) {c['into_named']}")
 
 
 if __name__ == "__main__":
