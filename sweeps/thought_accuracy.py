@@ -8,7 +8,10 @@ truth at the agent's cell.
 - ``junction``: at cells with three or more open neighbours, the share of moves that lower the BFS distance;
 - ``moves into a pocket``: moves into a true pocket, and how many of them the thought had named (the move went
   against a thought that was right: an action fault, which reward can fix, rather than a reading fault); and all
-  moves into a way the thought called a pocket.
+  moves into a way the thought called a pocket;
+- ``by depth``: of the true pockets at each depth (the shortest lookahead that sees the pocket closed), how many
+  the thought named: whether reading fails on deep pockets (a flood fill the model must do in one forward pass)
+  or on all of them.
 
     python sweeps/thought_accuracy.py outputs/sft_look8/checkpoints/step_1024/policy --lookahead 8
 
@@ -46,6 +49,7 @@ def main() -> None:
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)
+    by_depth: dict[int, list[int]] = {}  # pocket depth (cells) -> [named, true]
     for t in trajs:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
@@ -62,6 +66,10 @@ def main() -> None:
             c["true_pockets"] += len(true_not)
             c["missed"] += len(true_not - named)
             c["false"] += len(named - true_not)
+            for way in true_not:  # the pocket's depth: the shortest lookahead that sees it closed
+                d = next(k for k in range(1, args.lookahead + 1) if way in dead_ends(t.maze, pos, k))
+                by_depth.setdefault(d, [0, 0])[1] += 1
+                by_depth[d][0] += way in named
             if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
                 c["into_true"] += 1
                 c["into_true_named"] += move.group(1) in named
@@ -78,6 +86,8 @@ def main() -> None:
           f"right {c['junction_right'] / max(c['junctions'], 1):.3f} of {c['junctions']} | moves into a pocket "
           f"{c['into_true']} (the thought had named {c['into_true_named']}) | moves against the thought "
           f"(into a way it called a pocket) {c['into_named']}")
+    print("pockets named, by depth (cells): " + ", ".join(
+        f"{d}: {n}/{tot} = {n / tot:.2f}" for d, (n, tot) in sorted(by_depth.items())))
 
 
 if __name__ == "__main__":
