@@ -28,8 +28,49 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
+    """Each turn's thought against the truth at the agent's cell (the module docstring's counts), and the true
+    pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
+    text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
+    from maze.core import MOVES, dead_ends, distances_from
+
+    c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
+             into_true=0, into_true_named=0, into_named=0)
+    by_depth: dict[int, list[int]] = {}  # pocket depth (cells) -> [named, true]
+    for t in trajs:
+        pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
+        for text, info in zip(t.actions, t.infos):
+            said_open = re.search(r"open ([a-z ]+?)(;|</think>)", text)
+            said_not = re.search(r"not ([a-z ]+)</think>", text)
+            move = re.search(r"<action>(\w+)</action>", text)
+            r, col = pos
+            true_open = [k for k, (dr, dc) in MOVES.items() if t.maze.is_floor((r + dr, col + dc))]
+            true_not = set(dead_ends(t.maze, pos, lookahead)) if pos != t.maze.goal else set()
+            named = set(said_not.group(1).split()) if said_not else set()
+            c["turns"] += 1
+            c["open"] += (said_open.group(1).split() if said_open else []) == true_open
+            c["pockets"] += named == true_not
+            c["true_pockets"] += len(true_not)
+            c["missed"] += len(true_not - named)
+            c["false"] += len(named - true_not)
+            for way in true_not:  # the pocket's depth: the shortest lookahead that sees it closed
+                d = next(k for k in range(1, lookahead + 1) if way in dead_ends(t.maze, pos, k))
+                by_depth.setdefault(d, [0, 0])[1] += 1
+                by_depth[d][0] += way in named
+            if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
+                c["into_true"] += 1
+                c["into_true_named"] += move.group(1) in named
+            c["into_named"] += bool(move and move.group(1) in named)
+            if len(true_open) >= 3:
+                good = {k for k in true_open if dist[r + MOVES[k][0], col + MOVES[k][1]] < dist[r, col]}
+                c["junctions"] += 1
+                c["junction_right"] += bool(move and move.group(1) in good)
+            pos = tuple(info["position"])
+    return c, by_depth
+
+
 def main() -> None:
-    from maze.core import MOVES, dead_ends, distances_from, load_suite
+    from maze.core import load_suite
     from maze.env import EnvSettings
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
@@ -47,38 +88,7 @@ def main() -> None:
     mazes = list(load_suite(args.suite).mazes[:args.mazes])
     trajs = rollout(HFEngine(model, processor), processor, mazes, 1, EnvSettings(),
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
-    c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
-             into_true=0, into_true_named=0, into_named=0)
-    by_depth: dict[int, list[int]] = {}  # pocket depth (cells) -> [named, true]
-    for t in trajs:
-        pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
-        for text, info in zip(t.actions, t.infos):
-            said_open = re.search(r"open ([a-z ]+?)(;|</think>)", text)
-            said_not = re.search(r"not ([a-z ]+)</think>", text)
-            move = re.search(r"<action>(\w+)</action>", text)
-            r, col = pos
-            true_open = [k for k, (dr, dc) in MOVES.items() if t.maze.is_floor((r + dr, col + dc))]
-            true_not = set(dead_ends(t.maze, pos, args.lookahead)) if pos != t.maze.goal else set()
-            named = set(said_not.group(1).split()) if said_not else set()
-            c["turns"] += 1
-            c["open"] += (said_open.group(1).split() if said_open else []) == true_open
-            c["pockets"] += named == true_not
-            c["true_pockets"] += len(true_not)
-            c["missed"] += len(true_not - named)
-            c["false"] += len(named - true_not)
-            for way in true_not:  # the pocket's depth: the shortest lookahead that sees it closed
-                d = next(k for k in range(1, args.lookahead + 1) if way in dead_ends(t.maze, pos, k))
-                by_depth.setdefault(d, [0, 0])[1] += 1
-                by_depth[d][0] += way in named
-            if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
-                c["into_true"] += 1
-                c["into_true_named"] += move.group(1) in named
-            c["into_named"] += bool(move and move.group(1) in named)
-            if len(true_open) >= 3:
-                good = {k for k in true_open if dist[r + MOVES[k][0], col + MOVES[k][1]] < dist[r, col]}
-                c["junctions"] += 1
-                c["junction_right"] += bool(move and move.group(1) in good)
-            pos = tuple(info["position"])
+    c, by_depth = score(trajs, args.lookahead)
     n = max(c["turns"], 1)
     print(f"{args.policy}: {args.suite} x {len(mazes)} greedy | solved {sum(t.success for t in trajs) / len(trajs):.3f}"
           f" | turns {c['turns']} | open right {c['open'] / n:.3f} | pockets right {c['pockets'] / n:.3f} "

@@ -81,3 +81,39 @@ def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
         assert "#SBATCH --partition=h200" in text and "#SBATCH --gpus-per-node=8" in text
         args = text.split("train.py", 1)[1].split()
         assert f"algo.group_size={g}" in args and not any(a.startswith("dry_run") for a in args)
+
+
+def test_thought_accuracy_tells_reading_faults_from_acting_faults():
+    """``sweeps/thought_accuracy.score`` on scripted turns: the expert's own thoughts read every pocket; a thought
+    that misses a pocket and walks in is a reading fault; one that names it and walks in anyway acts against it."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from maze.core import MOVES, dead_ends, generate_maze
+    from rl.sft import thought
+
+    spec = importlib.util.spec_from_file_location("thought_accuracy", Path(__file__).resolve().parents[1] / "sweeps"
+                                                  / "thought_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    score = mod.score
+
+    m = next(m for s in range(50) if dead_ends(m := generate_maze(size=9, seed=s), m.start, 8))
+    way = dead_ends(m, m.start, 8)[0]
+    inside = (m.start[0] + MOVES[way][0], m.start[1] + MOVES[way][1])
+    right = thought(m, m.start, "right", 8)  # names the pocket
+    assert way in right.split("; not ")[1]
+    blind = right.split(";")[0] + "</think>"  # the same thought without the pocket
+
+    def turns(text):
+        return [SimpleNamespace(maze=m, actions=[f"{text}<action>{way}</action>"], infos=[{"position": inside}])]
+
+    c, by_depth = score(turns(right), 8)
+    assert c["pockets"] == 1 and c["missed"] == 0 and c["open"] == 1
+    assert (c["into_true"], c["into_true_named"], c["into_named"]) == (1, 1, 1)  # named it, walked in: acting
+    c, by_depth = score(turns(blind), 8)
+    assert c["pockets"] == 0 and c["missed"] >= 1 and c["open"] == 1
+    assert (c["into_true"], c["into_true_named"], c["into_named"]) == (1, 0, 0)  # did not see it: reading
+    depth = min(k for k in range(1, 9) if way in dead_ends(m, m.start, k))
+    assert by_depth[depth][1] >= 1 and by_depth[depth][0] == 0
+    assert sum(tot for _, tot in by_depth.values()) == c["true_pockets"]
