@@ -75,6 +75,7 @@ def main() -> None:
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
+    from rl.checkpoint import run_config
     from rl.rollout import rollout
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -86,7 +87,9 @@ def main() -> None:
     args = p.parse_args()
     model, processor = load_policy_dir(args.policy)
     mazes = list(load_suite(args.suite).mazes[:args.mazes])
-    trajs = rollout(HFEngine(model, processor), processor, mazes, 1, EnvSettings(),
+    recorded = run_config(args.policy)  # the observation and history the policy was trained with
+    env = EnvSettings.from_config(recorded["env"]) if recorded else EnvSettings()
+    trajs = rollout(HFEngine(model, processor), processor, mazes, 1, env,
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
     c, by_depth = score(trajs, args.lookahead)
     n = max(c["turns"], 1)
