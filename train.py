@@ -305,7 +305,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.build import DTYPES
     from models.distributed import stream_full_weights
     from models.engines.base import SamplingParams, derive_seed
-    from rl.grpo import Scoring, build_batch, episode_reward
+    from rl.grpo import Scoring, build_batch, episode_reward, thought_reward
     from rl.rollout import rollout
 
     # ---------------------------------------------------------------- ranks, seeds, warnings
@@ -419,6 +419,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in trajs)),
             "resp_tokens": float(batch.mask.sum()), "kept": float(batch.kept_episodes),
             "tokens": float(sum(len(r.token_ids) for r in batch.rows)),  # trained tokens
+            # reward.thought_pockets: turns whose thought named the pockets right (0 when the reward is off)
+            "thought_right": float(sum(r > 0 for t in trajs for r in thought_reward(t, cfg.reward))),
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
@@ -435,6 +437,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 "rollout/invalid_rate": tot["invalid"] / max(tot["turns"], 1.0),
                 "rollout/response_tokens_per_turn": tot["resp_tokens"] / max(tot["turns"], 1.0),
                 "rollout/kept_fraction": tot["kept"] / tot["n"],
+                **({"rollout/thought_pockets_right": tot["thought_right"] / max(tot["turns"], 1.0)}
+                   if cfg.reward.thought_pockets else {}),
                 "loss/total": stats["loss"] / n_upd, "loss/pg": stats["pg"] / n_upd, "loss/kl": stats["kl"] / n_upd,
                 "loss/entropy": stats["entropy"] / n_upd, "loss/clip_fraction": stats["clip_frac"] / n_upd,
                 "loss/ratio_mean": stats["ratio_mean"] / n_upd, "loss/ratio_max": stats["ratio_max"],

@@ -122,6 +122,10 @@ class RewardConfig:
     revisit_penalty: float = 0.0
     wrong_stop_penalty: float = 0.0  # a stop away from the goal; with step costs and revisit penalties a failing
     # episode that stops early beats one that keeps trying, unless stopping wrong costs at least as much
+    thought_pockets: float = 0.0  # per turn whose thought names exactly the dead-end pockets next to the agent
+    # (`<think>open ..; not down</think>`, algo.sft_lookahead's format; maze.core.dead_ends at depth
+    # thought_lookahead): a verifiable reward on reading the image, the skill a tiny policy's failures come from
+    thought_lookahead: int = 8  # the pocket depth thought_pockets checks (the start's algo.sft_lookahead)
 
 
 @dataclass
@@ -330,6 +334,11 @@ def validate(cfg) -> None:
         raise ConfigError(f"model.tiny_hidden={cfg.model.tiny_hidden} must be a positive multiple of 64")
     if cfg.model.tiny_vision_depth < 2 or cfg.model.tiny_layers < 2:
         raise ConfigError("model.tiny_layers and model.tiny_vision_depth must be >= 2 (deepstack feeds two layers)")
+    if cfg.reward.thought_pockets and cfg.env.interface != "vlmaze":
+        raise ConfigError(f"reward.thought_pockets={cfg.reward.thought_pockets} reads vlmaze's lookahead thoughts; "
+                          f"env.interface={cfg.env.interface!r} has none")
+    if cfg.reward.thought_lookahead < 1:
+        raise ConfigError(f"reward.thought_lookahead={cfg.reward.thought_lookahead} must be >= 1")
     if not 0 <= cfg.algo.gamma <= 1:
         raise ConfigError(f"algo.gamma={cfg.algo.gamma} must be in [0, 1]")
     if not 0 < cfg.algo.top_p <= 1:

@@ -26,6 +26,8 @@ sparse: ``success`` on success, else 0.
 shaped: sparse + ``progress`` * (d_start - d_end) / d_start  (BFS distance to the goal)
         - ``step_cost`` * turns - ``bump_penalty`` * bumps - ``invalid_penalty`` * invalid actions
         - ``revisit_penalty`` * revisits - ``wrong_stop_penalty`` if it stopped away from the goal.
+Either, with ``thought_pockets`` > 0: + ``thought_pockets`` for each turn whose thought names exactly the dead-end
+pockets next to the agent (``thought_reward``).
 
 The step (``build_batch``, ``accumulate``):
 ``build_batch`` and ``accumulate`` are what train.py (and the benchmarks) run every step; they are functions so
@@ -42,6 +44,7 @@ losses are the full batch's loss whatever the world size.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -189,9 +192,33 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 # ---------------------------------------------------------------- rewards
+_NOT = re.compile(r"not ([a-z ]+)</think>")
+
+
+def thought_reward(traj: Trajectory, cfg) -> list[float]:
+    """Per turn, ``cfg.thought_pockets`` if the turn's thought named exactly the ways out of the agent's cell that
+    enter a dead-end pocket at most ``cfg.thought_lookahead`` cells deep (``maze.core.dead_ends``; the
+    ``algo.sft_lookahead`` thought, ``<think>open up down left; not down</think>``), else 0. A turn on the goal has
+    no pockets to name. The truth is the environment's, so the reward cannot be met by anything but reading."""
+    weight = getattr(cfg, "thought_pockets", 0.0)
+    if not weight:
+        return [0.0] * len(traj.infos)
+    from maze.core import dead_ends
+
+    out, pos = [], tuple(traj.maze.start)
+    for text, info in zip(traj.actions, traj.infos):
+        truth = set(dead_ends(traj.maze, pos, cfg.thought_lookahead)) if pos != tuple(traj.maze.goal) else set()
+        said = _NOT.search(text)  # no well-formed thought names no pocket
+        named = set(said.group(1).split()) if said else set()
+        out.append(float(weight) if named == truth else 0.0)
+        pos = tuple(info["position"])
+    return out
+
+
 def episode_reward(traj: Trajectory, cfg) -> float:
     info = traj.final_info
     reward = cfg.success if info.get("success") else 0.0
+    reward += sum(thought_reward(traj, cfg))
     if cfg.name == "sparse":
         return float(reward)
     start = max(info["optimal_steps"], 1)
@@ -208,9 +235,11 @@ def turn_rewards(traj: Trajectory, cfg) -> list[float]:
     """The episode reward split over its turns (they sum to ``episode_reward``): the BFS progress of each turn,
     its step cost, the bumps, invalid actions and revisits it added, and the success bonus on the last turn."""
     out, prev = [], {"distance_to_goal": None, "bumps": 0, "invalid_actions": 0, "revisits": 0}
+    thought = thought_reward(traj, cfg)
     for k, info in enumerate(traj.infos):
         last = k == len(traj.infos) - 1
         r = cfg.success if last and info.get("success") else 0.0
+        r += thought[k]
         if cfg.name != "sparse":
             start = max(info["optimal_steps"], 1)
             before = info["optimal_steps"] if prev["distance_to_goal"] is None else prev["distance_to_goal"]

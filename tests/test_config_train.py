@@ -75,6 +75,8 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["env.curriculum=replay", "env.replay_fraction=1"], "env.replay_fraction"),
     (["env.train_mix=[{size:9},{size:21}]"], "model.max_pixels"),
     (["trainer.eval_suites=[fixed64,size23]"], "trainer.eval_suites"),
+    (["reward.thought_pockets=0.1", "env.interface=reference"], "reward.thought_pockets"),
+    (["reward.thought_lookahead=0"], "reward.thought_lookahead"),
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):

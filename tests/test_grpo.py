@@ -223,3 +223,39 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     dapo = build_batch(trajs, torch.tensor([1.0, 0.0, 0.5, 0.5]), OmegaConf.structured(
         AlgoConfig(group_size=2, filter_zero_std=True)), scoring)
     assert dapo.kept == [r for r, (i, _) in enumerate(rows) if i < 2] and dapo.kept_episodes == 2
+
+
+def test_thought_reward_pays_turns_whose_thought_names_exactly_the_pockets():
+    """reward.thought_pockets: hand-made turns on a maze with a pocket beside the start. The expert's thought (which
+    names it) earns the weight; the same thought without the pocket, or naming a way that is no pocket, earns 0; the
+    per-turn rewards still sum to the episode's, with the sparse and the shaped reward."""
+    from omegaconf import OmegaConf
+
+    from conf.schema import RewardConfig
+    from maze.core import MOVES, dead_ends, generate_maze
+    from rl.grpo import episode_reward, thought_reward, turn_rewards
+    from rl.rollout import Trajectory
+    from rl.sft import thought
+
+    m = next(m for s in range(50) if dead_ends(m := generate_maze(size=9, seed=s), m.start, 8))
+    pockets = dead_ends(m, m.start, 8)
+    opens = [k for k, (dr, dc) in MOVES.items() if m.is_floor((m.start[0] + dr, m.start[1] + dc))]
+    not_pocket = next(k for k in opens if k not in pockets) if len(opens) > len(pockets) else None
+    right = thought(m, m.start, "right", 8)
+    blind = right.split(";")[0] + "</think>"
+    t = Trajectory(maze=m, group=0)
+    info = {"position": m.start, "success": False, "optimal_steps": 16, "distance_to_goal": 16, "turns": 1,
+            "bumps": 1, "invalid_actions": 0, "revisits": 0, "stopped_wrong": False}
+    t.actions = [right + "<action>left</action>", blind + "<action>left</action>", "<action>left</action>"]
+    if not_pocket:
+        t.actions.append(blind.replace("</think>", f"; not {not_pocket}</think>") + "<action>left</action>")
+    t.infos = [dict(info, turns=k + 1, bumps=k + 1) for k in range(len(t.actions))]  # bumps in place
+    sparse = OmegaConf.structured(RewardConfig(name="sparse", thought_pockets=0.25))
+    assert thought_reward(t, sparse) == [0.25] + [0.0] * (len(t.actions) - 1)
+    assert episode_reward(t, sparse) == pytest.approx(0.25)
+    shaped = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
+                                               thought_pockets=0.25))
+    for cfg in (sparse, shaped):
+        assert sum(turn_rewards(t, cfg)) == pytest.approx(episode_reward(t, cfg), abs=1e-9)
+    assert turn_rewards(t, shaped)[0] == pytest.approx(0.25 - 0.01 - 0.05)
+    assert thought_reward(t, OmegaConf.structured(RewardConfig(name="sparse"))) == [0.0] * len(t.actions)
