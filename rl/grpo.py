@@ -218,7 +218,8 @@ def thought_reward(traj: Trajectory, cfg) -> list[float]:
 def episode_reward(traj: Trajectory, cfg) -> float:
     info = traj.final_info
     reward = cfg.success if info.get("success") else 0.0
-    reward += sum(thought_reward(traj, cfg))
+    if getattr(cfg, "thought_pockets", 0.0):  # off: the episode's final info is all a reward reads
+        reward += sum(thought_reward(traj, cfg))
     if cfg.name == "sparse":
         return float(reward)
     start = max(info["optimal_steps"], 1)
