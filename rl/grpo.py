@@ -44,7 +44,6 @@ losses are the full batch's loss whatever the world size.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
@@ -192,25 +191,19 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 # ---------------------------------------------------------------- rewards
-_NOT = re.compile(r"not ([a-z ]+)</think>")
-
-
 def thought_reward(traj: Trajectory, cfg) -> list[float]:
     """Per turn, ``cfg.thought_pockets`` if the turn's thought named exactly the ways out of the agent's cell that
     enter a dead-end pocket at most ``cfg.thought_lookahead`` cells deep (``maze.core.dead_ends``; the
     ``algo.sft_lookahead`` thought, ``<think>open up down left; not down</think>``), else 0. A turn on the goal has
     no pockets to name. The truth is the environment's, so the reward cannot be met by anything but reading."""
-    weight = getattr(cfg, "thought_pockets", 0.0)
-    if not weight:
+    if not cfg.thought_pockets:
         return [0.0] * len(traj.infos)
-    from maze.core import dead_ends
+    from rl.sft import named_pockets, pockets
 
-    out, pos = [], tuple(traj.maze.start)
+    out, pos = [], traj.maze.start
     for text, info in zip(traj.actions, traj.infos):
-        truth = set(dead_ends(traj.maze, pos, cfg.thought_lookahead)) if pos != tuple(traj.maze.goal) else set()
-        said = _NOT.search(text)  # no well-formed thought names no pocket
-        named = set(said.group(1).split()) if said else set()
-        out.append(float(weight) if named == truth else 0.0)
+        right = named_pockets(text) == pockets(traj.maze, pos, cfg.thought_lookahead)
+        out.append(float(cfg.thought_pockets) if right else 0.0)
         pos = tuple(info["position"])
     return out
 
@@ -218,7 +211,7 @@ def thought_reward(traj: Trajectory, cfg) -> list[float]:
 def episode_reward(traj: Trajectory, cfg) -> float:
     info = traj.final_info
     reward = cfg.success if info.get("success") else 0.0
-    if getattr(cfg, "thought_pockets", 0.0):  # off: the episode's final info is all a reward reads
+    if cfg.thought_pockets:  # off: the episode's final info is all a reward reads
         reward += sum(thought_reward(traj, cfg))
     if cfg.name == "sparse":
         return float(reward)

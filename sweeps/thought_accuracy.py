@@ -33,6 +33,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
     pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
     text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
+    from rl.sft import named_pockets, pockets
 
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)
@@ -41,12 +42,10 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
             said_open = re.search(r"open ([a-z ]+?)(;|</think>)", text)
-            said_not = re.search(r"not ([a-z ]+)</think>", text)
             move = re.search(r"<action>(\w+)</action>", text)
             r, col = pos
             true_open = [k for k, (dr, dc) in MOVES.items() if t.maze.is_floor((r + dr, col + dc))]
-            true_not = set(dead_ends(t.maze, pos, lookahead)) if pos != t.maze.goal else set()
-            named = set(said_not.group(1).split()) if said_not else set()
+            true_not, named = pockets(t.maze, pos, lookahead), named_pockets(text)
             c["turns"] += 1
             c["open"] += (said_open.group(1).split() if said_open else []) == true_open
             c["pockets"] += named == true_not
