@@ -307,6 +307,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.engines.base import SamplingParams, derive_seed
     from rl.grpo import Scoring, build_batch, episode_reward, thought_reward
     from rl.rollout import rollout
+    from rl.sft import against_thought
 
     # ---------------------------------------------------------------- ranks, seeds, warnings
     rank, world, device = start_ranks(cfg)
@@ -421,6 +422,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
             "tokens": float(sum(len(r.token_ids) for r in batch.rows)),  # trained tokens
             # reward.thought_pockets: turns whose thought named the pockets right (0 when the reward is off)
             "thought_right": float(sum(r > 0 for t in trajs for r in thought_reward(t, cfg.reward))),
+            # pocket thoughts (algo.sft_lookahead starts): moves into a way the turn's own thought called a pocket
+            "against_thought": float(sum(against_thought(text) for t in trajs for text in t.actions)),
         }
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
@@ -437,6 +440,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
                 "rollout/invalid_rate": tot["invalid"] / max(tot["turns"], 1.0),
                 "rollout/response_tokens_per_turn": tot["resp_tokens"] / max(tot["turns"], 1.0),
                 "rollout/kept_fraction": tot["kept"] / tot["n"],
+                "rollout/moves_against_thought": tot["against_thought"] / max(tot["turns"], 1.0),
                 **({"rollout/thought_pockets_right": tot["thought_right"] / max(tot["turns"], 1.0)}
                    if cfg.reward.thought_pockets else {}),
                 "loss/total": stats["loss"] / n_upd, "loss/pg": stats["pg"] / n_upd, "loss/kl": stats["kl"] / n_upd,

@@ -62,6 +62,15 @@ def named_pockets(text: str) -> set[str]:
     return set(said.group(1).split()) if said else set()
 
 
+def against_thought(text: str) -> bool:
+    """Whether the turn's first move goes into a way its own thought called a pocket
+    (``<think>open up down; not down</think><action>down</action>``): a policy that reads but does not act."""
+    from maze.env import parse_action
+
+    moves = parse_action(text, max_moves=1 << 10).moves
+    return bool(moves) and moves[0] in named_pockets(text)
+
+
 def random_start(maze: Maze, rng) -> Maze:
     """``maze`` with its start moved to a uniformly random floor cell other than the goal.
 

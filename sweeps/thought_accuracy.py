@@ -33,7 +33,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
     pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
     text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
-    from rl.sft import named_pockets, pockets
+    from rl.sft import against_thought, named_pockets, pockets
 
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)
@@ -59,7 +59,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
             if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
                 c["into_true"] += 1
                 c["into_true_named"] += move.group(1) in named
-            c["into_named"] += bool(move and move.group(1) in named)
+            c["into_named"] += against_thought(text)
             if len(true_open) >= 3:
                 good = {k for k in true_open if dist[r + MOVES[k][0], col + MOVES[k][1]] < dist[r, col]}
                 c["junctions"] += 1

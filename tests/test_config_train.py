@@ -140,7 +140,8 @@ def test_train_runs_logs_checkpoints_and_resumes(tmp_path):
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ["rollout/success_rate", "loss/pg", "loss/logprob_gap", "perf/step_s", "eval/size7/success_rate"]:
+    for tag in ["rollout/success_rate", "loss/pg", "loss/logprob_gap", "perf/step_s", "eval/size7/success_rate",
+                "rollout/moves_against_thought"]:
         assert tag in tags, tag
     assert "config" in " ".join(acc.Tags()["tensors"])
     # resume=auto continues from step 2 to step 3 in the same run dir

@@ -225,6 +225,23 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     assert dapo.kept == [r for r, (i, _) in enumerate(rows) if i < 2] and dapo.kept_episodes == 2
 
 
+def test_against_thought_is_a_move_into_a_way_the_same_turn_called_a_pocket():
+    """``rl.sft.against_thought`` (logged as ``rollout/moves_against_thought``): the parsed first move, synonyms
+    included, against the pockets the turn's own thought named; no pocket named, another way, a stop, a malformed
+    action or a pocket named only in free text are not against it."""
+    from rl.sft import against_thought
+
+    said = "<think>open up down left; not down left</think>"
+    assert against_thought(said + "<action>down</action>")
+    assert against_thought(said + "<action>South</action>")  # the env's synonym for down
+    assert against_thought(said + "<action>left up</action>")  # first of several moves
+    assert not against_thought(said + "<action>up</action>")
+    assert not against_thought(said + "<action>stop</action>")
+    assert not against_thought(said + "<action>sideways</action>")
+    assert not against_thought("<think>open up down</think><action>down</action>")
+    assert not against_thought("not down</think> ... <action>down")  # no complete action
+
+
 def test_thought_reward_pays_turns_whose_thought_names_exactly_the_pockets():
     """reward.thought_pockets: hand-made turns on a maze with a pocket beside the start. The expert's thought (which
     names it) earns the weight; the same thought without the pocket, or naming a way that is no pocket, earns 0; the
