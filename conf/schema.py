@@ -25,6 +25,7 @@ class ModelConfig:
     tiny_layers: int = 3  # tiny, random init only: language-model layers (a checkpoint brings its own)
     tiny_hidden: int = 128  # tiny, random init only: language-model width, a multiple of 64
     tiny_vision_depth: int = 3  # tiny, random init only: vision-tower layers (>= 2; the last two feed deepstack)
+    tiny_vision_hidden: int = 96  # tiny, random init only: vision-tower width, a multiple of 32 (heads of 32)
     dtype: str = "float32"  # float32 | bfloat16 (trainer compute dtype)
     attn_implementation: str = "auto"  # auto (flash_attention_2 if it imports, else sdpa) | sdpa | eager
     trust_remote_code: bool = False  # never on unless you set it
@@ -332,6 +333,8 @@ def validate(cfg) -> None:
             raise ConfigError(f"{key}={get(key)} must be >= 0")
     if cfg.model.tiny_hidden < 64 or cfg.model.tiny_hidden % 64:
         raise ConfigError(f"model.tiny_hidden={cfg.model.tiny_hidden} must be a positive multiple of 64")
+    if cfg.model.tiny_vision_hidden < 32 or cfg.model.tiny_vision_hidden % 32:
+        raise ConfigError(f"model.tiny_vision_hidden={cfg.model.tiny_vision_hidden} must be a positive multiple of 32")
     if cfg.model.tiny_vision_depth < 2 or cfg.model.tiny_layers < 2:
         raise ConfigError("model.tiny_layers and model.tiny_vision_depth must be >= 2 (deepstack feeds two layers)")
     if cfg.reward.thought_pockets and cfg.env.interface != "vlmaze":

@@ -45,7 +45,8 @@ def load_policy(cfg_model, device: str = "cpu"):
         from models.tiny import build_tiny
 
         model, processor = build_tiny(cfg_model.init_seed, cfg_model.min_pixels, cfg_model.max_pixels,
-                                      cfg_model.tiny_layers, cfg_model.tiny_hidden, cfg_model.tiny_vision_depth)
+                                      cfg_model.tiny_layers, cfg_model.tiny_hidden, cfg_model.tiny_vision_depth,
+                                      cfg_model.tiny_vision_hidden)
         log.info("model: tiny Qwen3-VL, random init (seed %d), %d params", cfg_model.init_seed,
                  sum(p.numel() for p in model.parameters()))
         return model.to(device), processor

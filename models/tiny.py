@@ -138,9 +138,11 @@ def build_image_processor(min_pixels: int, max_pixels: int) -> Qwen2VLImageProce
         size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
 
 
-def tiny_config(tokenizer, layers: int = 3, hidden: int = 128, vision_depth: int = 3) -> Qwen3VLConfig:
+def tiny_config(tokenizer, layers: int = 3, hidden: int = 128, vision_depth: int = 3,
+                vision_hidden: int = 96) -> Qwen3VLConfig:
     """The tiny architecture; the defaults are the shipped start's (~1.6 M params). ``hidden`` is a multiple of
-    64 (heads of 32, two query heads per KV head); the vision tower's last two layers feed deepstack."""
+    64 (heads of 32, two query heads per KV head); ``vision_hidden`` a multiple of 32 (vision heads of 32); the
+    vision tower's last two layers feed deepstack."""
     ids = tokenizer.convert_tokens_to_ids
     head_dim = 32
     text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
@@ -153,7 +155,8 @@ def tiny_config(tokenizer, layers: int = 3, hidden: int = 128, vision_depth: int
     # Reading the walls around the agent is the bottleneck of the tiny recipe: a 2 x 64 vision tower
     # reached ~80 % move accuracy on expert turns (turns ~60 %) after 1,000 SFT steps; this one is wider
     # and deeper (see README, "The tiny SFT start").
-    vision = dict(depth=vision_depth, hidden_size=96, intermediate_size=192, num_heads=3,
+    vision = dict(depth=vision_depth, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                  num_heads=vision_hidden // 32,
                   patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE,
                   temporal_patch_size=TEMPORAL_PATCH, out_hidden_size=hidden,
                   num_position_embeddings=256, deepstack_visual_indexes=[vision_depth - 2, vision_depth - 1])
@@ -164,12 +167,12 @@ def tiny_config(tokenizer, layers: int = 3, hidden: int = 128, vision_depth: int
 
 
 def build_tiny(seed: int = 0, min_pixels: int = 32 * 32, max_pixels: int = 320 * 320, layers: int = 3,
-               hidden: int = 128, vision_depth: int = 3):
+               hidden: int = 128, vision_depth: int = 3, vision_hidden: int = 96):
     """Return ``(model, processor)``: a fresh tiny Qwen3-VL, deterministic from ``seed``."""
     tokenizer = build_tokenizer()
     processor = Qwen3VLImageProcessor(build_image_processor(min_pixels, max_pixels), tokenizer,
                                       chat_template=CHAT_TEMPLATE)
-    config = tiny_config(tokenizer, layers, hidden, vision_depth)
+    config = tiny_config(tokenizer, layers, hidden, vision_depth, vision_hidden)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config)

@@ -66,6 +66,7 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["env.history=2", "env.max_images_in_context=3"], "env.history"),
     (["env.wall_gray=300"], "env.wall_gray"),
     (["model.tiny_hidden=100"], "model.tiny_hidden"),
+    (["model.tiny_vision_hidden=80"], "model.tiny_vision_hidden"),
     (["env.train_mix=[{size:7},{size:10}]"], "env.train_mix[1].size"),
     (["env.train_mix=[{generator:dfs}]"], "env.train_mix[0].generator"),
     (["env.train_mix=[{weight:0}]"], "env.train_mix[0].weight"),

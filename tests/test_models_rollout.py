@@ -369,11 +369,12 @@ def test_history_window_trains_each_turn_on_the_context_it_was_sampled_with():
 def test_tiny_architecture_keys_build_a_larger_model_that_runs():
     from models.tiny import build_tiny
 
-    big, processor = build_tiny(0, layers=4, hidden=192, vision_depth=4)
+    big, processor = build_tiny(0, layers=4, hidden=192, vision_depth=4, vision_hidden=192)
     small, _ = build_tiny(0)
     cfg = big.config
     assert (cfg.text_config.num_hidden_layers, cfg.text_config.hidden_size, cfg.vision_config.depth) == (4, 192, 4)
     assert cfg.vision_config.out_hidden_size == 192 and cfg.vision_config.deepstack_visual_indexes == [2, 3]
+    assert (cfg.vision_config.hidden_size, cfg.vision_config.num_heads) == (192, 6)
     assert sum(p.numel() for p in big.parameters()) > 1.5 * sum(p.numel() for p in small.parameters())
     trajs = rollout(HFEngine(big, processor), processor, maze.TrainSampler(seed=1).take(1), 1,
                     EnvSettings(max_turns=2), SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
