@@ -305,9 +305,8 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:  # noqa: C901  (the wh
     from models.build import DTYPES
     from models.distributed import stream_full_weights
     from models.engines.base import SamplingParams, derive_seed
-    from rl.grpo import Scoring, build_batch, episode_reward, thought_reward
+    from rl.grpo import Scoring, against_thought, build_batch, episode_reward, thought_reward
     from rl.rollout import rollout
-    from rl.sft import against_thought
 
     # ---------------------------------------------------------------- ranks, seeds, warnings
     rank, world, device = start_ranks(cfg)

@@ -44,6 +44,7 @@ losses are the full batch's loss whatever the world size.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -191,6 +192,26 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 # ---------------------------------------------------------------- rewards
+# The lookahead thought as the rollout reads it (rl.sft.thought writes it): ``<think>open up down; not down</think>``
+_NAMED_POCKETS = re.compile(r"not ([a-z ]+)</think>")
+
+
+def named_pockets(text: str) -> set[str]:
+    """The ways a lookahead thought in ``text`` calls pockets (``<think>open up down; not down</think>``); a
+    thought that names none, or no well-formed thought, names the empty set."""
+    said = _NAMED_POCKETS.search(text)
+    return set(said.group(1).split()) if said else set()
+
+
+def against_thought(text: str) -> bool:
+    """Whether the turn's first move goes into a way its own thought called a pocket
+    (``<think>open up down; not down</think><action>down</action>``): a policy that reads but does not act."""
+    from maze.env import parse_action
+
+    moves = parse_action(text, max_moves=1 << 10).moves
+    return bool(moves) and moves[0] in named_pockets(text)
+
+
 def thought_reward(traj: Trajectory, cfg) -> list[float]:
     """Per turn, ``cfg.thought_pockets`` if the turn's thought named exactly the ways out of the agent's cell that
     enter a dead-end pocket at most ``cfg.thought_lookahead`` cells deep (``maze.core.dead_ends``; the
@@ -198,7 +219,7 @@ def thought_reward(traj: Trajectory, cfg) -> list[float]:
     no pockets to name. The truth is the environment's, so the reward cannot be met by anything but reading."""
     if not cfg.thought_pockets:
         return [0.0] * len(traj.infos)
-    from rl.sft import named_pockets, pockets
+    from rl.sft import pockets
 
     out, pos = [], traj.maze.start
     for text, info in zip(traj.actions, traj.infos):

@@ -20,7 +20,6 @@ system prompt asks for. It gives every turn labels for what the move depends on,
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import numpy as np
@@ -47,28 +46,9 @@ def thought(maze: Maze, position: tuple[int, int], facing: str, lookahead: int =
     return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
 
 
-_NAMED_POCKETS = re.compile(r"not ([a-z ]+)</think>")
-
-
 def pockets(maze: Maze, position: tuple[int, int], lookahead: int) -> set[str]:
     """The ways ``thought(..., lookahead)`` names as pockets at ``position`` (none on the goal)."""
     return set() if tuple(position) == tuple(maze.goal) else set(dead_ends(maze, position, lookahead))
-
-
-def named_pockets(text: str) -> set[str]:
-    """The ways a lookahead thought in ``text`` calls pockets (``<think>open up down; not down</think>``); a
-    thought that names none, or no well-formed thought, names the empty set."""
-    said = _NAMED_POCKETS.search(text)
-    return set(said.group(1).split()) if said else set()
-
-
-def against_thought(text: str) -> bool:
-    """Whether the turn's first move goes into a way its own thought called a pocket
-    (``<think>open up down; not down</think><action>down</action>``): a policy that reads but does not act."""
-    from maze.env import parse_action
-
-    moves = parse_action(text, max_moves=1 << 10).moves
-    return bool(moves) and moves[0] in named_pockets(text)
 
 
 def random_start(maze: Maze, rng) -> Maze:

@@ -33,7 +33,8 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
     pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
     text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
-    from rl.sft import against_thought, named_pockets, pockets
+    from rl.grpo import against_thought, named_pockets
+    from rl.sft import pockets
 
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)

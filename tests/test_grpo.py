@@ -226,10 +226,10 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
 
 
 def test_against_thought_is_a_move_into_a_way_the_same_turn_called_a_pocket():
-    """``rl.sft.against_thought`` (logged as ``rollout/moves_against_thought``): the parsed first move, synonyms
+    """``rl.grpo.against_thought`` (logged as ``rollout/moves_against_thought``): the parsed first move, synonyms
     included, against the pockets the turn's own thought named; no pocket named, another way, a stop, a malformed
     action or a pocket named only in free text are not against it."""
-    from rl.sft import against_thought
+    from rl.grpo import against_thought
 
     said = "<think>open up down left; not down left</think>"
     assert against_thought(said + "<action>down</action>")
