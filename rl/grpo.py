@@ -203,13 +203,19 @@ def named_pockets(text: str) -> set[str]:
     return set(said.group(1).split()) if said else set()
 
 
-def against_thought(text: str) -> bool:
-    """Whether the turn's first move goes into a way its own thought called a pocket
-    (``<think>open up down; not down</think><action>down</action>``): a policy that reads but does not act."""
+def first_move(text: str) -> str | None:
+    """The turn's first move as the environment parses it (synonyms included), or None for an invalid action."""
     from maze.env import parse_action
 
     moves = parse_action(text, max_moves=1 << 10).moves
-    return bool(moves) and moves[0] in named_pockets(text)
+    return moves[0] if moves else None
+
+
+def against_thought(text: str) -> bool:
+    """Whether the turn's first move goes into a way its own thought called a pocket
+    (``<think>open up down; not down</think><action>down</action>``): a policy that reads but does not act."""
+    move = first_move(text)
+    return move is not None and move in named_pockets(text)
 
 
 def thought_reward(traj: Trajectory, cfg) -> list[float]:

@@ -33,7 +33,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
     pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
     text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
-    from rl.grpo import against_thought, named_pockets
+    from rl.grpo import against_thought, first_move, named_pockets
     from rl.sft import pockets
 
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
@@ -43,7 +43,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
             said_open = re.search(r"open ([a-z ]+?)(;|</think>)", text)
-            move = re.search(r"<action>(\w+)</action>", text)
+            move = first_move(text)
             r, col = pos
             true_open = [k for k, (dr, dc) in MOVES.items() if t.maze.is_floor((r + dr, col + dc))]
             true_not, named = pockets(t.maze, pos, lookahead), named_pockets(text)
@@ -57,14 +57,14 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
                 d = next(k for k in range(1, lookahead + 1) if way in dead_ends(t.maze, pos, k))
                 by_depth.setdefault(d, [0, 0])[1] += 1
                 by_depth[d][0] += way in named
-            if move and move.group(1) in true_not:  # walked into a pocket: had the thought named it?
+            if move in true_not:  # walked into a pocket: had the thought named it?
                 c["into_true"] += 1
-                c["into_true_named"] += move.group(1) in named
+                c["into_true_named"] += move in named
             c["into_named"] += against_thought(text)
             if len(true_open) >= 3:
                 good = {k for k in true_open if dist[r + MOVES[k][0], col + MOVES[k][1]] < dist[r, col]}
                 c["junctions"] += 1
-                c["junction_right"] += bool(move and move.group(1) in good)
+                c["junction_right"] += move in good
             pos = tuple(info["position"])
     return c, by_depth
 
