@@ -11,7 +11,10 @@ truth at the agent's cell.
   moves into a way the thought called a pocket;
 - ``by depth``: of the true pockets at each depth (the shortest lookahead that sees the pocket closed), how many
   the thought named: whether reading fails on deep pockets (a flood fill the model must do in one forward pass)
-  or on all of them.
+  or on all of them;
+- ``by way``: the same by the pocket's direction, and the ways named that are not pockets: whether reading depends
+  on where the pocket lies in the image (the egocentric view puts the agent's cell off-centre in its merged token,
+  ``env.pad_before``).
 
     python sweeps/thought_accuracy.py outputs/sft_look8/checkpoints/step_1024/policy --lookahead 8
 
@@ -28,10 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
-    """Each turn's thought against the truth at the agent's cell (the module docstring's counts), and the true
-    pockets by depth as ``{depth: [named, true]}``. ``trajs``: anything with ``maze``, ``actions`` (each turn's
-    text) and ``infos`` (each turn's env info, ``position`` after the turn)."""
+def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]], dict[str, list[int]]]:
+    """Each turn's thought against the truth at the agent's cell (the module docstring's counts), the true
+    pockets by depth as ``{depth: [named, true]}`` and by way as ``{way: [named, true, named but not]}``.
+    ``trajs``: anything with ``maze``, ``actions`` (each turn's text) and ``infos`` (each turn's env info,
+    ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
     from rl.grpo import against_thought, first_move, named_pockets
     from rl.sft import pockets
@@ -39,6 +43,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)
     by_depth: dict[int, list[int]] = {}  # pocket depth (cells) -> [named, true]
+    by_way = {k: [0, 0, 0] for k in MOVES}  # direction -> [named, true, named but not a pocket]
     for t in trajs:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
@@ -57,6 +62,10 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
                 d = next(k for k in range(1, lookahead + 1) if way in dead_ends(t.maze, pos, k))
                 by_depth.setdefault(d, [0, 0])[1] += 1
                 by_depth[d][0] += way in named
+                by_way[way][0] += way in named
+                by_way[way][1] += 1
+            for way in named - true_not:
+                by_way.setdefault(way, [0, 0, 0])[2] += 1
             if move in true_not:  # walked into a pocket: had the thought named it?
                 c["into_true"] += 1
                 c["into_true_named"] += move in named
@@ -66,7 +75,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]]]:
                 c["junctions"] += 1
                 c["junction_right"] += move in good
             pos = tuple(info["position"])
-    return c, by_depth
+    return c, by_depth, by_way
 
 
 def main() -> None:
@@ -91,7 +100,7 @@ def main() -> None:
     env = EnvSettings.from_config(recorded["env"]) if recorded else EnvSettings()
     trajs = rollout(HFEngine(model, processor), processor, mazes, 1, env,
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
-    c, by_depth = score(trajs, args.lookahead)
+    c, by_depth, by_way = score(trajs, args.lookahead)
     n = max(c["turns"], 1)
     print(f"{args.policy}: {args.suite} x {len(mazes)} greedy | solved {sum(t.success for t in trajs) / len(trajs):.3f}"
           f" | turns {c['turns']} | open right {c['open'] / n:.3f} | pockets right {c['pockets'] / n:.3f} "
@@ -101,6 +110,8 @@ def main() -> None:
           f"(into a way it called a pocket) {c['into_named']}")
     print("pockets named, by depth (cells): " + ", ".join(
         f"{d}: {n}/{tot} = {n / tot:.2f}" for d, (n, tot) in sorted(by_depth.items())))
+    print("pockets named, by way (named but not a pocket): " + ", ".join(
+        f"{w}: {n}/{tot} = {n / max(tot, 1):.2f} ({false})" for w, (n, tot, false) in by_way.items()))
 
 
 if __name__ == "__main__":

@@ -108,10 +108,12 @@ def test_thought_accuracy_tells_reading_faults_from_acting_faults():
     def turns(text):
         return [SimpleNamespace(maze=m, actions=[f"{text}<action>{way}</action>"], infos=[{"position": inside}])]
 
-    c, by_depth = score(turns(right), 8)
+    c, by_depth, by_way = score(turns(right), 8)
+    assert by_way[way][:2] == [1, 1] and sum(v[1] for v in by_way.values()) == c["true_pockets"]
     assert c["pockets"] == 1 and c["missed"] == 0 and c["open"] == 1
     assert (c["into_true"], c["into_true_named"], c["into_named"]) == (1, 1, 1)  # named it, walked in: acting
-    c, by_depth = score(turns(blind), 8)
+    c, by_depth, by_way = score(turns(blind), 8)
+    assert by_way[way][0] == 0 and by_way[way][1] == 1
     assert c["pockets"] == 0 and c["missed"] >= 1 and c["open"] == 1
     assert (c["into_true"], c["into_true_named"], c["into_named"]) == (1, 0, 0)  # did not see it: reading
     depth = min(k for k in range(1, 9) if way in dead_ends(m, m.start, k))
