@@ -294,6 +294,43 @@ CHOICES = {
 }
 
 
+OBSERVATION_KEYS = ("view", "pixels_per_cell", "pad_to", "pad_before", "wall_gray", "grid_lines", "interface",
+                    "history")  # what a policy reads: a start trained on other values sees a different input
+
+
+def _check_start_observation(cfg) -> None:
+    """A start (``model.path``) whose recorded run (``policy/vlmaze_config.yaml``) saw another observation than this
+    run's ``env`` settings: a policy trained on one frame layout or prompt does not read another, and the run would
+    train on it silently. Keys given on the command line are taken as meant (fine-tuning to a new observation)."""
+    from pathlib import Path
+
+    from rl.checkpoint import run_config
+
+    path = cfg.model.get("path")
+    if not path or not Path(str(path)).is_dir():
+        return
+    try:
+        recorded = (run_config(path) or {}).get("env") or {}
+    except Exception as err:  # a corrupt record: one line naming it
+        raise ConfigError(f"model.path={path}: its recorded run config cannot be read ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    given: set[str] = set()
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    except ImportError:
+        pass
+    differ = [(k, recorded[k], cfg.env[k]) for k in OBSERVATION_KEYS
+              if k in recorded and recorded[k] != cfg.env[k] and f"env.{k}" not in given]
+    if differ:
+        raise ConfigError(f"model.path={path} was trained with " + " ".join(f"env.{k}={r}" for k, r, _ in differ)
+                          + " but this run has " + " ".join(f"env.{k}={v}" for k, _, v in differ)
+                          + ": give the start's values (or these keys on the command line to train on a new "
+                          "observation)")
+
+
 def validate(cfg) -> None:
     """Cross-key checks, run before any heavy work. Raises ConfigError naming the key."""
     from omegaconf import OmegaConf
@@ -319,6 +356,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"env.generators contains {g!r}; choose from {', '.join(GENERATORS)}")
     _check_mix(cfg.env)
     _check_frames_fit(cfg)
+    _check_start_observation(cfg)
     positive = ["algo.group_size",
                 "algo.mazes_per_step", "algo.ppo_epochs", "algo.minibatches", "algo.micro_batch",
                 "algo.max_new_tokens", "algo.sft_epochs", "algo.sft_mazes", "algo.sft_batch",

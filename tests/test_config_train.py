@@ -227,3 +227,28 @@ def test_cluster_8gpu_on_this_cpu_machine_is_one_line(tmp_path):
     proc = _run(["cluster=8gpu", f"hydra.run.dir={tmp_path}"], timeout=120)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "this machine has 0 GPU(s)" in lines[0], proc.stderr
+
+
+def test_a_start_trained_on_another_observation_is_a_config_error(tmp_path):
+    """``model.path`` whose recorded run saw another frame layout: one line naming the keys, unless they are given
+    on the command line (fine-tuning to a new observation is meant)."""
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "vlmaze_config.yaml").write_text("env:\n  view: egocentric\n  pixels_per_cell: 4\n  pad_before: 12\n")
+    with pytest.raises(ConfigError, match=r"env\.pixels_per_cell=4 env\.pad_before=12 but this run has "
+                                          r"env\.pixels_per_cell=8 env\.pad_before=8"):
+        validate(_compose([f"model.path={start}"]))
+    validate(_compose([f"model.path={start}", "env.pixels_per_cell=4", "env.pad_before=12"]))
+    proc = _run([f"model.path={start}", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2 and [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        f"config error: model.path={start} was trained with env.pixels_per_cell=4 env.pad_before=12 but this run has "
+        "env.pixels_per_cell=8 env.pad_before=8: give the start's values (or these keys on the command line to train "
+        "on a new observation)"]
+    proc = _run([f"model.path={start}", "env.pixels_per_cell=8", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2 and "env.pad_before=12 but this run has env.pad_before=8" in proc.stderr
+    proc = _run([f"model.path={start}", "env.pixels_per_cell=8", "env.pad_before=8", "dry_run=true",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (start / "vlmaze_config.yaml").write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="its recorded run config cannot be read"):
+        validate(_compose([f"model.path={start}"]))
