@@ -35,6 +35,13 @@ def load_job(job: Path, suite: str) -> dict | None:
     return {"job": job.name, "setting": setting, "seed": seed, "curve": dict(sorted(curve.items()))}
 
 
+def legend_labels(settings: list[str], width: int = 60) -> dict[str, str]:
+    """Each setting's legend label: the overrides that set it apart from the others (overrides every setting shares,
+    such as a long ``model.path``, would otherwise fill the label and make the lines indistinguishable)."""
+    shared = set.intersection(*(set(k.split(",")) for k in settings)) if len(settings) > 1 else set()
+    return {k: (",".join(o for o in k.split(",") if o not in shared) or k)[:width] for k in settings}
+
+
 def summarize(multirun: Path | list[Path], suite: str = "fixed64", out: Path | None = None) -> Path:
     dirs = multirun if isinstance(multirun, list) else [multirun]
     multirun = dirs[0] if len(dirs) == 1 else ", ".join(str(d) for d in dirs)
@@ -78,6 +85,7 @@ def summarize(multirun: Path | list[Path], suite: str = "fixed64", out: Path | N
     import matplotlib.pyplot as plt
     import numpy as np
 
+    labels = legend_labels(list(settings))
     fig, ax = plt.subplots(figsize=(6, 4))
     for setting, runs in settings.items():
         steps = sorted({s for r in runs for s in r["curve"]})
@@ -85,7 +93,7 @@ def summarize(multirun: Path | list[Path], suite: str = "fixed64", out: Path | N
             continue
         vals = np.array([[r["curve"].get(s, np.nan) for s in steps] for r in runs])
         mean, std = np.nanmean(vals, axis=0), np.nanstd(vals, axis=0)
-        ax.plot(steps, mean, marker="o", label=setting[:60])
+        ax.plot(steps, mean, marker="o", label=labels[setting])
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
     ax.set(xlabel="step", ylabel=f"{suite} success rate", ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)

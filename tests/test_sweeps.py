@@ -119,3 +119,15 @@ def test_thought_accuracy_tells_reading_faults_from_acting_faults():
     depth = min(k for k in range(1, 9) if way in dead_ends(m, m.start, k))
     assert by_depth[depth][1] >= 1 and by_depth[depth][0] == 0
     assert sum(tot for _, tot in by_depth.values()) == c["true_pockets"]
+
+
+def test_legend_labels_show_what_sets_a_setting_apart():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", ROOT / "sweeps" / "summarize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    start = "model.path=outputs/a_long_start_dir/checkpoints/step_256/policy"
+    a, b = f"{start},algo.adv_level=turn", f"{start},algo.adv_level=episode"
+    assert mod.legend_labels([a, b]) == {a: "algo.adv_level=turn", b: "algo.adv_level=episode"}
+    assert mod.legend_labels([a]) == {a: a[:60]}
