@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from conf.schema import register_evaluate
+from conf.schema import given_keys, register_evaluate
 
 register_evaluate()
 log = logging.getLogger("vlmaze.evaluate")
@@ -68,7 +68,7 @@ def adopt_run_settings(cfg: DictConfig, policy_dir: Path | str) -> None:
         log.warning("checkpoint=%s records no run config (%s): evaluating with the env/model settings given here "
                     "and the defaults", cfg.checkpoint, "older run or hub model")
         return
-    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    given = given_keys()
     adopted, kept = [], []
     for group in RUN_KEYS:
         for key, value in (recorded.get(group) or {}).items():

@@ -294,6 +294,16 @@ CHOICES = {
 }
 
 
+def given_keys() -> set[str]:
+    """The keys set on this run's command line (``env.pixels_per_cell``, ``+experiment``, ...); empty outside a
+    Hydra app (a config composed in a test)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+
+
 OBSERVATION_KEYS = ("view", "pixels_per_cell", "pad_to", "pad_before", "wall_gray", "grid_lines", "interface",
                     "history")  # what a policy reads: a start trained on other values sees a different input
 
@@ -314,14 +324,7 @@ def _check_start_observation(cfg) -> None:
     except Exception as err:  # a corrupt record: one line naming it
         raise ConfigError(f"model.path={path}: its recorded run config cannot be read ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    given: set[str] = set()
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
-    except ImportError:
-        pass
+    given = given_keys()
     differ = [(k, recorded[k], cfg.env[k]) for k in OBSERVATION_KEYS
               if k in recorded and recorded[k] != cfg.env[k] and f"env.{k}" not in given]
     if differ:
