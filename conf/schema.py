@@ -71,12 +71,12 @@ class AlgoConfig:
     name: str = "grpo"  # grpo | dr_grpo | dapo | gspo | rloo | sft
     group_size: int = 4  # G samples of the same maze per group
     mazes_per_step: int = 8  # B groups per optimizer step (global, over all ranks; divisible by world size)
-    lr: float = 1e-4
+    lr: float = 3e-4  # the tiny CPU recipe's; experiments for real models set their own (reference_8b: 1e-6)
     weight_decay: float = 0.0
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step), after the linear warmup
     adv_estimator: str = "grpo"  # grpo | rloo
-    adv_level: str = "episode"  # episode | turn: GiGPO's step-level advantage from shared anchor states, added
+    adv_level: str = "turn"  # episode | turn: GiGPO's step-level advantage from shared anchor states, added
     step_adv_weight: float = 1.0  # adv_level=turn: weight of the step-level advantage
     gamma: float = 0.95  # adv_level=turn: discount of the per-turn rewards in a turn's return
     norm_adv_by_std: bool = True  # false = Dr. GRPO
@@ -162,9 +162,9 @@ class ClusterConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 20  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs)
+    steps: int = 80  # optimizer steps (GRPO) or, for sft, ignored (see algo.sft_epochs); 80: the CPU default job
     seed: int = 0
-    eval_every: int = 10  # 0 = never; eval also runs at step 0 and at the end when > 0
+    eval_every: int = 20  # 0 = never; eval also runs at step 0 and at the end when > 0
     eval_suites: list[str] = field(default_factory=lambda: ["fixed64"])
     eval_at_start: bool = True  # also evaluate before the first step (the "start" of start -> end)
     eval_max_turns: int = 0  # 0 = env.max_turns

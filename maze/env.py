@@ -97,13 +97,14 @@ class EnvSettings:
     training distribution, ``conf/schema.EnvConfig``)."""
 
     size: int = 9  # maze side in cells incl. the outer wall (odd, 5-31); the size ``max_turns`` is given for
-    pixels_per_cell: int = 8  # 8 px: a (2N-1)-cell egocentric window of a 9x9 maze is 136 px + 8 -> 160: 25 tokens
+    pixels_per_cell: int = 4  # 4 px: a (2N-1)-cell egocentric window of a 9x9 maze is 68 px + 12 -> 96: 9 tokens
+    # (8 px: 160 px, 25 tokens; the tiny model reads dead-end pockets better at 4: README, "The tiny SFT start")
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
     wall_gray: int = 64  # gray level of walls; the reference palette is 169, which after the processor's
     # normalisation is 0.325 x white: LayerNorm cannot tell it from white without a bias. 64 is a negative multiple
-    pad_before: int = 8  # global view: px of wall before the maze (top, left). Egocentric view: where the agent's
-    # cell starts in its pad_to block, for every maze size (8 at 8 px/cell: the agent and its 4 neighbours share
-    # one merged token)
+    pad_before: int = 12  # global view: px of wall before the maze (top, left). Egocentric view: where the agent's
+    # cell starts in its pad_to block, for every maze size (12 at 4 px/cell: 3 cells from the merged token's top and
+    # left edges, 4 from the others, so every pocket up to 3 cells deep lies in the agent's own token; 8 at 8 px)
     view: str = "egocentric"  # global: the maze as drawn (reference) | egocentric: a (2N-1)-cell window centred on
     # the agent, so the whole maze stays in view and the agent's neighbours sit in fixed image tokens
     grid_lines: bool = False

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The CPU reproduction study behind results/README.md (tiny Qwen3-VL: shipped SFT start -> GRPO).
+# The CPU reproduction study behind results/README.md (tiny Qwen3-VL: shipped SFT start -> GRPO), old protocol.
+# It reproduces those numbers only at the commit they were made at (9a56d14: its fixed64, start and defaults);
+# on today's defaults it runs the current default job. The current study: results/default_job/README.md.
 # Jobs run one at a time on both cores (two at once on 2 cores measured slower in total): ~17 min a
 # default job, ~30 min at group size 8, ~18 min with a KL reference; then
 # ~55 min of evaluation (4 checkpoints x 9 suites, ~15 min for the start). results/provenance.md says how the committed

@@ -10,7 +10,7 @@ For each ``RUN/checkpoints/step_N/policy`` it measures the two things a GRPO sta
 It prints one row per checkpoint and, with ``--out DIR``, copies the policy of the checkpoint whose greedy
 rate is nearest ``--target`` among those with ``mixed >= --min-mixed`` (ties: the earlier step).
 
-    python sweeps/pick_start.py outputs/tiny_sft --steps 640,768,896,1024 --out checkpoints/tiny_sft
+    python sweeps/pick_start.py outputs/tiny_sft --steps 640,768,896,1024 --out checkpoints/my_start
 
 Each checkpoint takes ~3 minutes on 2 cores (64 greedy episodes and 128 sampled ones of up to 20 turns).
 """

@@ -98,7 +98,7 @@ def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[
 def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[str], notes: str = "") -> list[str]:
     """results/README.md's tables from the start's and each seed's final evaluate.py report."""
     lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
-             "Produced by `sweeps/study.py` (commands in `results/run_study.sh`); greedy decoding, one episode per "
+             "Produced by `sweeps/study.py`; greedy decoding, one episode per "
              "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
              f"{len(ends)} seeds ({', '.join(names)}); each seed plays the same mazes, so its pooled interval "
              "measures episode noise on these mazes, and the per-seed column shows how much seeds differ.", ""]

@@ -234,19 +234,19 @@ def test_a_start_trained_on_another_observation_is_a_config_error(tmp_path):
     on the command line (fine-tuning to a new observation is meant)."""
     start = tmp_path / "start"
     start.mkdir()
-    (start / "vlmaze_config.yaml").write_text("env:\n  view: egocentric\n  pixels_per_cell: 4\n  pad_before: 12\n")
-    with pytest.raises(ConfigError, match=r"env\.pixels_per_cell=4 env\.pad_before=12 but this run has "
-                                          r"env\.pixels_per_cell=8 env\.pad_before=8"):
+    (start / "vlmaze_config.yaml").write_text("env:\n  view: egocentric\n  pixels_per_cell: 8\n  pad_before: 8\n")
+    with pytest.raises(ConfigError, match=r"env\.pixels_per_cell=8 env\.pad_before=8 but this run has "
+                                          r"env\.pixels_per_cell=4 env\.pad_before=12"):
         validate(_compose([f"model.path={start}"]))
-    validate(_compose([f"model.path={start}", "env.pixels_per_cell=4", "env.pad_before=12"]))
+    validate(_compose([f"model.path={start}", "env.pixels_per_cell=8", "env.pad_before=8"]))
     proc = _run([f"model.path={start}", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2 and [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
-        f"config error: model.path={start} was trained with env.pixels_per_cell=4 env.pad_before=12 but this run has "
-        "env.pixels_per_cell=8 env.pad_before=8: give the start's values (or these keys on the command line to train "
+        f"config error: model.path={start} was trained with env.pixels_per_cell=8 env.pad_before=8 but this run has "
+        "env.pixels_per_cell=4 env.pad_before=12: give the start's values (or these keys on the command line to train "
         "on a new observation)"]
-    proc = _run([f"model.path={start}", "env.pixels_per_cell=8", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert proc.returncode == 2 and "env.pad_before=12 but this run has env.pad_before=8" in proc.stderr
-    proc = _run([f"model.path={start}", "env.pixels_per_cell=8", "env.pad_before=8", "dry_run=true",
+    proc = _run([f"model.path={start}", "env.pixels_per_cell=4", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2 and "env.pad_before=8 but this run has env.pad_before=12" in proc.stderr
+    proc = _run([f"model.path={start}", "env.pixels_per_cell=4", "env.pad_before=12", "dry_run=true",
                  f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     (start / "vlmaze_config.yaml").write_text("env: [unclosed\n")

@@ -288,7 +288,7 @@ def test_kv_cache_kept_across_turns_gives_the_re_prefill_paths_episodes_and_logp
     from models.build import SHIPPED_SFT, load_policy_dir
 
     model, processor = load_policy_dir(SHIPPED_SFT)
-    env = EnvSettings(pixels_per_cell=8, pad_to=32, pad_before=8, wall_gray=64, view="egocentric", max_turns=12)
+    env = EnvSettings(max_turns=12)  # the shipped start's observation: the defaults
     mazes = maze.TrainSampler(seed=11).take(3)
     for sampling in [SamplingParams(temperature=0.0, max_new_tokens=24),
                      SamplingParams(temperature=1.0, max_new_tokens=24, seed=5)]:
@@ -382,10 +382,11 @@ def test_tiny_architecture_keys_build_a_larger_model_that_runs():
 
 
 def test_observation_scales_to_15_and_17_without_resizing_and_episodes_fit(tiny):
-    """A policy trained at several sizes reads any of them: the default (egocentric, 8 px) frame of every size up to
-    19 reaches the model at its own resolution (one merged token per 32 px, no resize), 15x15 is 64 image tokens a
-    turn and 17x17 81; a whole 15x15 episode at its full budget (56 turns, thought-length answers) fits the context;
-    at 17x17 the whole episode does not, and ``env.history`` windows keep every turn's prompt short."""
+    """A policy trained at several sizes reads any of them: the default (egocentric, 4 px) frame of every size up to
+    19 reaches the model at its own resolution (one merged token per 32 px, no resize), 15x15 and 17x17 are 25 image
+    tokens a turn; whole episodes of both at their full budgets (56 and 72 turns, thought-length answers) fit the
+    context. The 8 px frame (81 tokens at 17x17) does not fit a whole 17x17 episode, and ``env.history`` windows
+    keep every turn's prompt short."""
     from rl.rollout import Conversation
     from tests.test_fuzz_rollout import ScriptedEngine
 
@@ -397,20 +398,23 @@ def test_observation_scales_to_15_and_17_without_resizing_and_episodes_fit(tiny)
         side = obs["image"].shape[0]
         assert int(image.grid_thw[1]) * 16 == side == int(image.grid_thw[2]) * 16  # not resized
         assert image.num_tokens == (side // 32) ** 2
-    tokens = {size: conv.image(maze.MazeEnv(size=size).reset(seed=0)[0]["image"]).num_tokens for size in (15, 17)}
-    assert tokens == {15: 64, 17: 81}
+    tokens = {size: conv.image(maze.MazeEnv(size=size).reset(seed=0)[0]["image"]).num_tokens for size in (9, 15, 17)}
+    assert tokens == {9: 9, 15: 25, 17: 25}
     answer = processor.tokenizer.encode("<think>facing up; open up down left</think><action>up</action>",
                                         add_special_tokens=False) + [conv.eos]  # bumps every turn: the full budget
     env = EnvSettings()  # 9x9 budget 20, scaled by area: 15x15 gets 56 turns, 17x17 72
-    whole15 = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[15]).take(1), 1, env,
-                      SamplingParams(max_new_tokens=32))[0]
-    assert whole15.finish == "max_turns" and whole15.num_turns == 56
-    assert len(whole15.token_ids) <= env.max_context_tokens
-    whole17 = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[17]).take(1), 1, env,
-                      SamplingParams(max_new_tokens=32))[0]
+    sampling = SamplingParams(max_new_tokens=32)
+    for size, turns in ((15, 56), (17, 72)):
+        whole = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[size]).take(1), 1, env,
+                        sampling)[0]
+        assert whole.finish == "max_turns" and whole.num_turns == turns
+        assert len(whole.token_ids) <= env.max_context_tokens
+    px8 = replace(env, pixels_per_cell=8, pad_before=8)
+    assert conv.image(maze.MazeEnv(px8, size=17).reset(seed=0)[0]["image"]).num_tokens == 81
+    whole17 = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[17]).take(1), 1, px8, sampling)[0]
     assert whole17.finish == "context"  # 72 turns of 81 image tokens do not fit 8192
     windowed = rollout(ScriptedEngine([answer]), processor, maze.TrainSampler(sizes=[17]).take(1), 1,
-                       replace(env, history=2), SamplingParams(max_new_tokens=32))[0]
+                       replace(px8, history=2), sampling)[0]
     assert windowed.finish == "max_turns" and windowed.num_turns == 72
     assert max(len(s.token_ids) for s in windowed.samples) < 600
 
