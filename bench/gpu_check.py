@@ -15,7 +15,6 @@ not counted, so it is a lower bound.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -94,7 +93,9 @@ def main() -> None:
     layers = args.layers or (2 if args.tiny else max(
         [k for k in range(1, 37) if plan_for(k)["totals"]["train"] <= args.fit * gpu_bytes] or [1]))
     cfg = config(layers)
-    attn = "flash_attention_2" if cuda and importlib.util.find_spec("flash_attn") else "sdpa"
+    from models.build import attn_implementation
+
+    attn = attn_implementation("auto", "cuda" if cuda else "cpu", str(compute).removeprefix("torch."))
     t0 = time.perf_counter()
     from transformers import Qwen3VLForConditionalGeneration
 

@@ -27,7 +27,8 @@ class ModelConfig:
     tiny_vision_depth: int = 3  # tiny, random init only: vision-tower layers (>= 2; the last two feed deepstack)
     tiny_vision_hidden: int = 96  # tiny, random init only: vision-tower width, a multiple of 32 (heads of 32)
     dtype: str = "float32"  # float32 | bfloat16 (trainer compute dtype)
-    attn_implementation: str = "auto"  # auto (flash_attention_2 if it imports, else sdpa) | sdpa | eager
+    attn_implementation: str = "auto"  # auto (flash_attention_2 on CUDA for bf16/fp16 when usable, else sdpa) | sdpa
+    # | eager | flash_attention_2 (not with model.dtype=float32: flash-attention has no fp32 kernel)
     trust_remote_code: bool = False  # never on unless you set it
     min_pixels: int = 1024  # processor lower bound on image pixels
     max_pixels: int = 102400  # processor upper bound on image pixels (320 x 320)
@@ -376,6 +377,9 @@ def validate(cfg) -> None:
         raise ConfigError(f"model.tiny_hidden={cfg.model.tiny_hidden} must be a positive multiple of 64")
     if cfg.model.tiny_vision_hidden < 32 or cfg.model.tiny_vision_hidden % 32:
         raise ConfigError(f"model.tiny_vision_hidden={cfg.model.tiny_vision_hidden} must be a positive multiple of 32")
+    if cfg.model.attn_implementation == "flash_attention_2" and cfg.model.dtype == "float32":
+        raise ConfigError("model.attn_implementation=flash_attention_2 has no float32 kernel: set model.dtype=bfloat16 "
+                          "or model.attn_implementation=auto (sdpa for float32)")
     if cfg.model.tiny_vision_depth < 2 or cfg.model.tiny_layers < 2:
         raise ConfigError("model.tiny_layers and model.tiny_vision_depth must be >= 2 (deepstack feeds two layers)")
     if cfg.reward.thought_pockets and cfg.env.interface != "vlmaze":

@@ -26,10 +26,32 @@ def resolve_path(path: str | None) -> str | None:
     return path  # a hub id
 
 
-def attn_implementation(requested: str, device: str) -> str:
+FLASH_DTYPES = ("bfloat16", "float16")  # flash-attention kernels take no fp32
+
+
+def flash_attention_usable() -> bool:
+    """transformers' own check (package, version, a CUDA torch), then an import: an installed wheel built for
+    another torch fails here (an undefined symbol), not at the first forward."""
+    from transformers.utils import is_flash_attn_2_available
+
+    if not is_flash_attn_2_available():
+        return False
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as exc:  # ImportError, OSError: an ABI-broken build
+        log.warning("flash_attn is installed but does not import (%s: %s); using sdpa", type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    return True
+
+
+def attn_implementation(requested: str, device: str, dtype: str, flash_usable=flash_attention_usable) -> str:
+    """``auto``: flash-attention 2 on CUDA for a bf16/fp16 model when it is usable, else torch's SDPA (which on
+    CUDA picks its own flash / memory-efficient / math backend per call). An explicit choice is kept
+    (``conf.schema.validate`` refuses flash_attention_2 with float32)."""
     if requested != "auto":
         return requested
-    if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    if device == "cuda" and dtype in FLASH_DTYPES and flash_usable():
         return "flash_attention_2"
     return "sdpa"
 
@@ -52,13 +74,18 @@ def load_policy(cfg_model, device: str = "cpu"):
         return model.to(device), processor
     if cfg_model.name == "tiny" and not Path(path).is_dir():
         raise FileNotFoundError(f"model.path={cfg_model.path!r} is not a directory")
-    attn = attn_implementation(cfg_model.attn_implementation, device)
+    attn = attn_implementation(cfg_model.attn_implementation, device, cfg_model.dtype)
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=DTYPES[cfg_model.dtype], attn_implementation=attn, use_safetensors=True,
         trust_remote_code=cfg_model.trust_remote_code)
     processor = load_processor(path, min_pixels=cfg_model.min_pixels, max_pixels=cfg_model.max_pixels)
+    kernel = attn
+    if attn == "sdpa" and device == "cuda":
+        b = torch.backends.cuda
+        kernel += (f" (torch picks per call among flash={b.flash_sdp_enabled()}, "
+                   f"efficient={b.mem_efficient_sdp_enabled()}, math={b.math_sdp_enabled()})")
     log.info("model: %s from %s, dtype %s, attn_implementation=%s, %d params", cfg_model.name, path,
-             cfg_model.dtype, attn, sum(p.numel() for p in model.parameters()))
+             cfg_model.dtype, kernel, sum(p.numel() for p in model.parameters()))
     return model.to(device), processor
 
 

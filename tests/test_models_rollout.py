@@ -460,3 +460,37 @@ def test_greedy_sft_expert_follows_its_search_through_noise_turns(tiny):
         assert t.success and not any(i["stopped_wrong"] for i in t.infos), seed
         clean = expert_trajectory(m, Conversation(processor), env, "greedy", max_turns=200)
         assert clean.success and clean.final_info["moves"] >= clean.final_info["optimal_steps"]
+
+
+def test_auto_attention_is_flash_only_for_half_precision_on_cuda_and_a_broken_wheel_falls_back(monkeypatch, caplog):
+    """``attn_implementation=auto`` with a usable flash-attn: flash_attention_2 for bf16/fp16 on CUDA, sdpa for the
+    float32 default (flash-attn has no fp32 kernel: choosing it made `cluster=8gpu` die at its first forward) and on
+    CPU. A flash_attn that transformers lists but that fails to import (a wheel built for another torch) is sdpa
+    with one warning line."""
+    import importlib
+
+    import transformers.utils
+
+    from models import build
+
+    usable = lambda: True  # noqa: E731  (the question "is flash-attn usable here" answered yes)
+    assert build.attn_implementation("auto", "cuda", "bfloat16", usable) == "flash_attention_2"
+    assert build.attn_implementation("auto", "cuda", "float16", usable) == "flash_attention_2"
+    assert build.attn_implementation("auto", "cuda", "float32", usable) == "sdpa"
+    assert build.attn_implementation("auto", "cpu", "bfloat16", usable) == "sdpa"
+    assert build.attn_implementation("eager", "cuda", "float32", usable) == "eager"
+    assert build.attn_implementation("auto", "cuda", "bfloat16", lambda: False) == "sdpa"
+
+    def broken(name, *args, **kwargs):
+        if name == "flash_attn":
+            raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c105ErrorC2E")
+        return real_import(name, *args, **kwargs)
+
+    real_import = importlib.import_module
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    monkeypatch.setattr(build.importlib, "import_module", broken)
+    with caplog.at_level("WARNING", logger="models.build"):
+        assert build.attn_implementation("auto", "cuda", "bfloat16") == "sdpa"
+    assert [r.getMessage() for r in caplog.records] == [
+        "flash_attn is installed but does not import (ImportError: flash_attn_2_cuda.so: undefined symbol: "
+        "_ZN3c105ErrorC2E); using sdpa"]
