@@ -74,10 +74,12 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["env.curriculum=size"], "env.curriculum"),
     (["env.curriculum=sizes"], "env.curriculum"),
     (["env.curriculum=replay", "env.replay_fraction=1"], "env.replay_fraction"),
-    (["env.train_mix=[{size:9},{size:21}]"], "model.max_pixels"),
+    (["model.path=null", "env.pixels_per_cell=8", "env.pad_before=8", "env.train_mix=[{size:9},{size:21}]"],
+     "model.max_pixels"),  # 8 px: 21x21 is 352 px (4 px, the default, stays under 320 px to 31x31)
     (["trainer.eval_suites=[fixed64,size23]"], "trainer.eval_suites"),
-    (["reward.thought_pockets=0.1", "env.interface=reference"], "reward.thought_pockets"),
+    (["model.path=null", "reward.thought_pockets=0.1", "env.interface=reference"], "reward.thought_pockets"),
     (["reward.thought_lookahead=0"], "reward.thought_lookahead"),
+    (["model.attn_implementation=flash_attention_2"], "model.attn_implementation"),  # the default dtype is float32
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
