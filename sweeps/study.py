@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from rl.evaluation import wilson_interval  # noqa: E402
 
-SUITES = ["fixed64", "size7", "size11", "size13", "gen_backtracker", "gen_prim", "gen_kruskal", "braided",
-          "random_placement"]
+SUITES = ["fixed64", "size7", "size11", "size13", "size15", "gen_backtracker", "gen_prim", "gen_kruskal", "braided",
+          "random_placement", "size17", "gen_sidewinder", "braided11", "braided13"]  # every frozen suite but select*
 
 
 def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
@@ -52,6 +52,18 @@ def pooled(reports: list[dict], suite: str) -> tuple[float, tuple[float, float],
     return succ / n, wilson_interval(succ, n), rates
 
 
+def paired(start: dict, end: dict, suite: str) -> tuple[int, int]:
+    """Mazes of ``suite`` the end solves and the start does not (gained), and the reverse (lost): the same
+    episodes (maze, sample) played by both, so a gain is not a different draw of mazes."""
+    def solved(report: dict) -> dict:
+        return {(e["maze_hash"], e["sample"]): e["success"] for e in report["episodes"] if e["suite"] == suite}
+
+    a, b = solved(start), solved(end)
+    if a.keys() != b.keys():
+        raise SystemExit(f"study: the start and an end played different episodes of {suite}")
+    return sum(b[k] and not a[k] for k in a), sum(a[k] and not b[k] for k in a)
+
+
 def failures_table(start: dict, ends: list[dict], suite: str) -> list[str]:
     classes = sorted({k for r in [start, *ends] for k in r["suites"][suite]["failures"]})
     metrics = ["mean_bumps", "mean_invalid_actions", "mean_revisits", "mean_loops", "mean_dead_end_entries"]
@@ -72,8 +84,8 @@ def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[
     """Every suite, one row: each failure class as a share of episodes, start -> end (mean over seeds),
     and the path efficiency of solved episodes (steps taken / shortest path)."""
     classes = sorted({k for r in [start, *ends] for s in suites for k in r["suites"][s]["failures"]})
-    lines = ["| suite | " + " | ".join(classes) + " | step ratio (solved) | revisits |",
-             "| --- |" + " --- |" * (len(classes) + 2)]
+    lines = ["| suite | " + " | ".join(classes) + " | step ratio (solved) | revisits | junctions right |",
+             "| --- |" + " --- |" * (len(classes) + 3)]
 
     def share(r: dict, s: str, c: str) -> float:
         return r["suites"][s]["failures"].get(c, 0) / r["suites"][s]["n"]
@@ -91,7 +103,9 @@ def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[
                  + fmt(mean_over([r["suites"][s]["mean_step_ratio"] for r in ends])))
         rev = (f"{start['suites'][s]['mean_revisits']:.1f} → "
                f"{mean_over([r['suites'][s]['mean_revisits'] for r in ends]):.1f}")
-        lines.append(f"| {s} | " + " | ".join(cells) + f" | {ratio} | {rev} |")
+        junctions = (fmt(start["suites"][s].get("junction_accuracy")) + " → "
+                     + fmt(mean_over([r["suites"][s].get("junction_accuracy") for r in ends])))
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {ratio} | {rev} | {junctions} |")
     return lines
 
 
@@ -105,15 +119,18 @@ def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[s
     if notes:
         lines += [notes.strip(), ""]
     lines += ["## Solve rate, SFT start vs GRPO end", "",
-              "| suite | n | SFT start | GRPO end (pooled) | per seed | diff | intervals apart |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| suite | n | SFT start | GRPO end (pooled) | per seed | diff "
+              "| paired per seed: net (gained, lost) mazes | intervals apart |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in suites:
         a = start["suites"][s]
         rate, ci, rates = pooled(ends, s)
         apart = ci[0] > a["ci95"][1] or ci[1] < a["ci95"][0]
         lines.append(f"| {s} | {a['n']} | {a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
                      f"{rate:.3f} [{ci[0]:.2f}, {ci[1]:.2f}] | {' / '.join(f'{r:.3f}' for r in rates)} | "
-                     f"{rate - a['success_rate']:+.3f} | {'yes' if apart else 'no'} |")
+                     f"{rate - a['success_rate']:+.3f} | "
+                     f"{'; '.join(f'{g - lo:+d} ({g}, {lo})' for g, lo in (paired(start, e, s) for e in ends))} | "
+                     f"{'yes' if apart else 'no'} |")
     head = "fixed64" if "fixed64" in suites else suites[0]
     lines += ["", f"## Failure breakdown before and after ({head})", "", *failures_table(start, ends, head), "",
               "## Failures on every suite (share of episodes, SFT start → GRPO end, mean over seeds)", "",

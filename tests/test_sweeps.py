@@ -52,6 +52,10 @@ def test_multirun_and_summary(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| size7 | 32 |"))
     pooled = sum(e["suites"]["size7"]["successes"] for e in ends) / 64
     assert f"| {pooled:.3f} [" in row and row.count(" / ") == 1
+    solved = [{(e["maze_hash"], e["sample"]) for e in r["episodes"] if e["success"]} for r in [start, *ends]]
+    nets = [f"{len(end - solved[0]) - len(solved[0] - end):+d} ({len(end - solved[0])}, {len(solved[0] - end)})"
+            for end in solved[1:]]
+    assert f"| {'; '.join(nets)} |" in row  # paired: the same mazes, gained and lost
     assert "Made by the test." in text and "## Failures on every suite" in text
     for failure in start["suites"]["size7"]["failures"]:
         assert f"failure: {failure}" in text
