@@ -92,13 +92,13 @@ REFERENCE_VIEW = dict(view="global", pixels_per_cell=25, pad_to=1, pad_before=0,
 
 @dataclass
 class EnvSettings:
-    """What the model sees and how an episode runs: the one set of defaults (the tiny CPU recipe's; why: README,
-    Status) and, in ``check``, the one validation. ``env.*`` keys of the config are these fields (plus the
-    training distribution, ``conf/schema.EnvConfig``)."""
+    """What the model sees and how an episode runs: the one set of defaults (the tiny CPU recipe's; why:
+    results/reference_task_probes.md) and, in ``check``, the one validation. ``env.*`` keys of the config are these
+    fields (plus the training distribution, ``conf/schema.EnvConfig``)."""
 
     size: int = 9  # maze side in cells incl. the outer wall (odd, 5-31); the size ``max_turns`` is given for
     pixels_per_cell: int = 4  # 4 px: a (2N-1)-cell egocentric window of a 9x9 maze is 68 px + 12 -> 96: 9 tokens
-    # (8 px: 160 px, 25 tokens; the tiny model reads dead-end pockets better at 4: README, "The tiny SFT start")
+    # (8 px: 160 px, 25 tokens; the tiny model reads dead-end pockets better at 4: results/reference_task_probes.md)
     pad_to: int = 32  # pad the image with wall to a multiple of this (patch 16 x merge 2: cells align with patches)
     wall_gray: int = 64  # gray level of walls; the reference palette is 169, which after the processor's
     # normalisation is 0.325 x white: LayerNorm cannot tell it from white without a bias. 64 is a negative multiple

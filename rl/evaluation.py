@@ -1,6 +1,6 @@
 """Evaluation on frozen suites, shared by train.py (periodic) and evaluate.py (standalone).
 
-Writes the ``report.json`` schema documented in README:
+Writes the ``report.json`` schema documented in docs/evaluation.md:
 ``{"suites": {NAME: {"n", "success_rate", "ci95", "mean_step_ratio", "failures", ...}},
 "episodes": [...], "checkpoint", "step"}``. Per-episode records carry everything needed to
 recompute the summaries (path included).
