@@ -6,7 +6,7 @@ after, and the sweeps' curves, written as results/README.md + PNGs (no event fil
 
 ``--seeds`` is a multirun of the default job over ``trainer.seed`` (``python train.py -m
 trainer.seed=0,1,2``). Every final checkpoint and the start are evaluated greedily on ``--suites``
-with ``evaluate.py`` (skipped where ``<out>/eval/<name>/report.json`` already exists); each
+with ``evaluate.py`` (skipped where ``<out>/eval/<name>/report.json`` already holds every suite); each
 ``--sweep NAME=DIR`` is summarised with ``sweeps/summarize.py`` and its table and curves copied in.
 """
 
@@ -30,7 +30,7 @@ SUITES = ["fixed64", "size7", "size11", "size13", "size15", "gen_backtracker", "
 
 def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
     report = out / "report.json"
-    if not report.is_file():
+    if not report.is_file() or not set(suites) <= set(json.loads(report.read_text())["suites"]):
         cmd = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"suites=[{','.join(suites)}]",
                f"hydra.run.dir={out}", "figures=true"]
         print("+", " ".join(cmd), flush=True)

@@ -40,6 +40,9 @@ def test_every_option_of_every_group_composes_and_validates(group):
 def test_experiment_reference_8b_composes():
     cfg = _compose(["+experiment=reference_8b"])
     assert cfg.model.name == "qwen3_vl_8b" and cfg.cluster.nproc_per_node == 8 and cfg.engine.name == "vllm"
+    # the reference's own GRPO, not the tiny CPU recipe's defaults: one advantage per episode, its lr, its reward
+    assert (cfg.algo.adv_level, cfg.algo.lr, cfg.reward.name) == ("episode", 1e-6, "sparse")
+    assert (cfg.env.view, cfg.env.pixels_per_cell, cfg.env.interface) == ("global", 25, "reference")
     validate(cfg)
 
 

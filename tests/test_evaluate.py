@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -237,8 +238,11 @@ def test_checkpoint_records_its_run_and_evaluate_uses_it(tmp_path):
     assert env["max_turns"] == 3  # given here: wins over the run's 2
     said = proc.stdout + proc.stderr
     assert "env.view=global" in said and "env.max_turns=3 (run: 2)" in said
-    # the shipped start predates recorded configs: defaults, and one warning line saying so
-    bare = _evaluate(["checkpoint=checkpoints/tiny_sft", "suites=[size7]", "figures=false", "env.max_turns=1",
+    # a policy without a recorded config (a hub model; here the shipped start without its record): defaults, and
+    # one warning line saying so
+    shutil.copytree(ROOT / "checkpoints/tiny_sft", tmp_path / "no_record")
+    (tmp_path / "no_record/vlmaze_config.yaml").unlink()
+    bare = _evaluate([f"checkpoint={tmp_path / 'no_record'}", "suites=[size7]", "figures=false", "env.max_turns=1",
                       f"hydra.run.dir={tmp_path / 'bare'}"])
     assert bare.returncode == 0 and "records no run config" in bare.stdout + bare.stderr, bare.stderr[-2000:]
 

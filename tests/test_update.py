@@ -86,7 +86,7 @@ def test_rewards_by_hand():
     traj = SimpleNamespace(final_info=info)
     sparse = OmegaConf.structured(RewardConfig(name="sparse"))
     shaped = OmegaConf.structured(RewardConfig(name="shaped", progress=0.5, step_cost=0.01, bump_penalty=0.05,
-                                               invalid_penalty=0.1, revisit_penalty=0.02))  # conf/reward/shaped
+                                               invalid_penalty=0.1, revisit_penalty=0.02))  # every term on
     assert episode_reward(traj, sparse) == 1.0
     # 1 + 0.5 * (10 - 0) / 10 - 0.01 * 12 - 0.05 * 2 - 0.1 * 1 - 0.02 * 3 = 1.12
     assert episode_reward(traj, shaped) == pytest.approx(1.12)
