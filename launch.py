@@ -15,27 +15,86 @@ from hydra.core.hydra_config import HydraConfig
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
 
-def launch_plan(cfg) -> str:
-    """World size, processes, precision, engine and the per-GPU memory plan (``models.memory``: what the code keeps,
-    component by component; the architecture is built on the meta device, no weights are loaded)."""
+def device_memory(cfg) -> tuple[float, str]:
+    """GiB of one GPU of this job and where the figure comes from: the visible device itself (an H100 job plans
+    for 80 GB, an H200 one for 141), else ``cluster.gpu_memory_gib`` (a dry run on a machine without the GPU)."""
+    import torch
+
+    if cfg.cluster.device == "cuda" and torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(index)
+        return props.total_memory / 2**30, f"cuda:{index}, {props.name}"
+    return float(cfg.cluster.gpu_memory_gib), "cluster.gpu_memory_gib: no GPU visible here"
+
+
+def memory_plan(cfg, gpu_gib: float, **changes) -> dict:
+    """``models.memory.plan`` for this job (the architecture on the meta device, no weights); ``changes`` try
+    other settings: grad_ckpt, micro_batch, world, gpu_util."""
     from models import memory
 
-    world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
-    torchrun = needs_torchrun(cfg)
-    fsdp = torchrun and cfg.cluster.parallel == "fsdp2"
+    world = changes.get("world", cfg.cluster.nproc_per_node * cfg.cluster.nnodes)
+    fsdp = (world > 1 or cfg.cluster.device == "cuda") and cfg.cluster.parallel == "fsdp2"
     if cfg.model.name == "tiny":
         from models.tiny import build_tokenizer, tiny_config
 
         units = memory.count_units(tiny_config(build_tokenizer()))
     else:
         units = memory.count_units(memory.arch_config(cfg.model.name))
-    compute_bytes = 4 if cfg.model.dtype == "float32" else 2
+    micro = changes.get("micro_batch", cfg.algo.micro_batch)
+    rows = micro if cfg.algo.name != "sft" else min(micro, cfg.algo.sft_batch)
+    p = memory.plan(units, world=world, compute_bytes=4 if cfg.model.dtype == "float32" else 2,
+                    engine=cfg.engine.name, kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft",
+                    tokens=rows * memory.sequence_tokens(cfg),
+                    grad_ckpt=changes.get("grad_ckpt", cfg.model.gradient_checkpointing), gpu_gib=gpu_gib,
+                    gpu_util=changes.get("gpu_util", cfg.engine.gpu_memory_utilization), fsdp=fsdp)
+    return {**p, "units": units, "world": world, "fsdp": fsdp}
+
+
+def check_fits(cfg) -> None:
+    """A GPU job whose memory plan exceeds its GPU fails here, before any weights load, in one line naming the
+    plan's peak, the GPU's memory and the keys that would make it fit (``cluster.ignore_memory_plan=true``
+    starts it anyway). CPU jobs are not planned against a device."""
+    from conf.schema import ConfigError
+    from models.memory import GIB
+
+    if cfg.cluster.device != "cuda" or cfg.cluster.ignore_memory_plan:
+        return
+    gib, source = device_memory(cfg)
+    if gib <= 0:
+        return  # nothing to plan against (no GPU visible and no cluster.gpu_memory_gib)
+    p = memory_plan(cfg, gib)
+    if p["peak"] <= gib * GIB:
+        return
+    world = p["world"]
+    tries = [("model.gradient_checkpointing=true", dict(grad_ckpt=True)),
+             ("algo.micro_batch=1", dict(micro_batch=1)),
+             ("model.gradient_checkpointing=true algo.micro_batch=1", dict(grad_ckpt=True, micro_batch=1))]
+    if cfg.engine.name == "vllm":
+        tries.append(("engine.gpu_memory_utilization=0.25", dict(gpu_util=0.25)))
+    if world < 8:
+        tries.append((f"{8 * cfg.cluster.nnodes} GPUs (cluster=8gpu)", dict(world=8 * cfg.cluster.nnodes)))
+    if world < 16:
+        tries.append(("16 GPUs (cluster=multinode cluster.nnodes=2)", dict(world=16)))
+    fixes = [name for name, change in tries if memory_plan(cfg, gib, **change)["peak"] <= gib * GIB]
+    raise ConfigError(
+        f"the memory plan needs {p['peak'] / GIB:.1f} GiB per GPU (its {p['peak_phase']} phase) but the GPU has "
+        f"{gib:.0f} GiB ({source}): " + (f"it would fit with {' or '.join(fixes)}" if fixes else
+                                         "none of more GPUs, gradient checkpointing or a smaller micro-batch fits it")
+        + "; dry_run=true prints the plan, cluster.ignore_memory_plan=true starts anyway")
+
+
+def launch_plan(cfg) -> str:
+    """World size, processes, precision, engine and the per-GPU memory plan (``models.memory``: what the code keeps,
+    component by component; the architecture is built on the meta device, no weights are loaded), planned for the
+    GPU this job would run on (``device_memory``)."""
+    from models import memory
+
+    torchrun = needs_torchrun(cfg)
+    gib, source = device_memory(cfg) if cfg.cluster.device == "cuda" else (0.0, "")
+    p = memory_plan(cfg, gib)
+    world, units, fsdp = p["world"], p["units"], p["fsdp"]
     seq = memory.sequence_tokens(cfg)
     rows = cfg.algo.micro_batch if cfg.algo.name != "sft" else min(cfg.algo.micro_batch, cfg.algo.sft_batch)
-    p = memory.plan(units, world=world, compute_bytes=compute_bytes, engine=cfg.engine.name,
-                    kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft", tokens=rows * seq,
-                    grad_ckpt=cfg.model.gradient_checkpointing, gpu_gib=cfg.cluster.gpu_memory_gib,
-                    gpu_util=cfg.engine.gpu_memory_utilization, fsdp=fsdp)
     lines = [
         f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
         f"process(es)){' under torchrun' if torchrun else ''}, device {cfg.cluster.device}, backend "
@@ -55,9 +114,9 @@ def launch_plan(cfg) -> str:
         "per-GPU memory plan (GiB; models/memory.py says what each line counts):",
         *memory.format_plan(p),
     ]
-    if cfg.cluster.gpu_memory_gib:
-        verdict = "fits" if p["peak"] <= cfg.cluster.gpu_memory_gib * memory.GIB else "DOES NOT FIT"
-        lines.append(f"device memory: {cfg.cluster.gpu_memory_gib:.0f} GiB: {verdict}")
+    if gib:
+        verdict = "fits" if p["peak"] <= gib * memory.GIB else "DOES NOT FIT"
+        lines.append(f"device memory: {gib:.0f} GiB ({source}): {verdict}")
     return "\n".join(lines)
 
 

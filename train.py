@@ -33,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from conf.schema import ConfigError, check_hardware, register, validate
-from launch import final_score, launch_plan, needs_torchrun, relaunch_under_torchrun, write_slurm_script
+from launch import check_fits, final_score, launch_plan, needs_torchrun, relaunch_under_torchrun, write_slurm_script
 from rl import dist as D
 from rl import faults
 
@@ -58,6 +58,7 @@ def main(cfg: DictConfig) -> float | None:
             if cfg.cluster.name == "slurm":
                 print(f"slurm job script: {write_slurm_script(cfg, HydraConfig.get().runtime.output_dir)}")
             return None
+        check_fits(cfg)
         check_hardware(cfg, torch.cuda.device_count())
         if cfg.engine.name == "vllm":
             try:

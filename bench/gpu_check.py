@@ -89,9 +89,12 @@ def main() -> None:
         return memory.plan(memory.count_units(config(layers)), world=1, compute_bytes=2, engine="none", kl=False,
                            tokens=args.micro_batch * longest, grad_ckpt=True)
 
+    def update_peak(p: dict) -> float:  # what one training step holds at most: backward or the optimizer step
+        return max(p["totals"]["train"], p["totals"]["optimizer"])
+
     gpu_bytes = torch.cuda.get_device_properties(device).total_memory if cuda else 0
     layers = args.layers or (2 if args.tiny else max(
-        [k for k in range(1, 37) if plan_for(k)["totals"]["train"] <= args.fit * gpu_bytes] or [1]))
+        [k for k in range(1, 37) if update_peak(plan_for(k)) <= args.fit * gpu_bytes] or [1]))
     cfg = config(layers)
     from models.build import attn_implementation
 
@@ -144,17 +147,18 @@ def main() -> None:
           f"{longest}), micro-batch {args.micro_batch}; step {step_s:.2f} s; {tok_s:,.0f} trained tokens/s; MFU "
           f"{mfu:.1%} (6ND / 989 TFLOP/s)", flush=True)
     plan = plan_for(layers)
-    for line in memory.format_plan({**plan, "phases": {"train": plan["phases"]["train"]},
-                                    "totals": {"train": plan["totals"]["train"]}, "peak_phase": "train",
-                                    "peak": plan["totals"]["train"]}):
+    update = {k: plan["phases"][k] for k in ("train", "optimizer")}
+    for line in memory.format_plan({"phases": update, "totals": {k: plan["totals"][k] for k in update},
+                                    "peak_phase": max(update, key=lambda k: plan["totals"][k]),
+                                    "peak": update_peak(plan)}):
         print("plan" + line, flush=True)
     ok = True
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
-        ratio = peak / plan["totals"]["train"]
+        ratio = peak / update_peak(plan)
         ok = 0.85 <= ratio <= 1.15
         print(f"memory: measured peak {peak / 2**30:.2f} GiB (torch.cuda.max_memory_allocated), plan "
-              f"{plan['totals']['train'] / 2**30:.2f} GiB, measured/plan {ratio:.2f}"
+              f"{update_peak(plan) / 2**30:.2f} GiB, measured/plan {ratio:.2f}"
               f"{'' if ok else '  MISMATCH: outside 0.85-1.15'}", flush=True)
     print(f"gpu_check layers={layers} attention={model.config.text_config._attn_implementation} step_s={step_s:.3f} "
           f"train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f}", flush=True)

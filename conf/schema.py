@@ -154,7 +154,9 @@ class ClusterConfig:
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str = "localhost:29500"
     rdzv_id: str = "vlmaze"
-    gpu_memory_gib: float = 0.0  # for the dry-run memory plan
+    gpu_memory_gib: float = 0.0  # GiB of one GPU to plan for when none is visible (a dry run elsewhere); a visible
+    # GPU's own size wins
+    ignore_memory_plan: bool = False  # start a GPU job whose memory plan exceeds its GPU (launch.check_fits)
     partition: str = ""  # slurm
     timeout_min: int = 240  # slurm
     cpus_per_task: int = 64  # slurm

@@ -15,8 +15,14 @@ What the code keeps, per GPU (N parameters, W ranks, c bytes of the compute dtyp
     the hf engine's unsharded copy under FSDP2: c N; with vLLM no copy (level-2 sleep frees its weights and KV)
     activations: with gradient checkpointing each decoder layer keeps its input (tokens x H x c) and one layer
       is recomputed at a time (tokens x (8H + 3I) x c); without, every layer keeps (8H + 3I) per token
-    the log-prob head: one chunk of models.forward.chunk_positions(V) positions x V in fp32, three live copies
-      (logits, shifted, probabilities) plus the compute-dtype projection
+    the log-prob head: one chunk of models.forward.chunk_positions(V) positions x V, recomputed in backward
+      (models.forward._chunk_logprob_entropy): the compute-dtype projection, then fp32 tensors alive together at
+      its peak: the logits (kept by logsumexp), the probabilities (kept by softmax), the masked logits and their
+      product (kept by the multiply), and in backward three fp32 gradients of the same shape: 7 x 4 + c bytes
+  optimizer step (after backward: activations, in-flight units and the head's chunk are freed)
+    masters, gradients and moments (16N/W) + torch's foreach AdamW temporary: the square root of every second
+    moment at once (torch/optim/adam.py, _multi_tensor_adam: _foreach_sqrt(exp_avg_sqs), 4N/W) + the
+    reference shard and the hf copy where present
   rollout phase
     the trainer's masters and moments stay (12N/W; gradients are freed after the update), the reference shard,
     and vLLM's gpu_memory_utilization x GPU (its weights, KV cache and activations live inside that budget)
@@ -148,18 +154,20 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     activations = (u.layers * tokens * h * c + per_layer) if grad_ckpt else u.layers * per_layer
     from models.forward import chunk_positions
 
-    logits = min(chunk_positions(u.vocab), tokens) * u.vocab * (3 * 4 + c)
+    logits = min(chunk_positions(u.vocab), tokens) * u.vocab * (7 * 4 + c)
     vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0
     train = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,
              "unsharded units in flight": in_flight, "unit gradients and fp32 reduce buffers": unit_grads,
              "reference shard": reference, "hf engine copy": hf_copy, "activations": activations,
              "log-prob head chunk": logits}
+    optimizer = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,
+                 "foreach AdamW temporary (fp32)": 4 * n / w, "reference shard": reference, "hf engine copy": hf_copy}
     rollout = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
                "hf engine copy": hf_copy, "vLLM budget (weights, KV cache)": vllm}
     sync = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
             "vLLM budget (weights, KV cache)": vllm, "hf engine copy": hf_copy,
             "one gathered tensor": c * u.largest_tensor}
-    phases = {"train": train, "rollout": rollout, "sync": sync}
+    phases = {"train": train, "optimizer": optimizer, "rollout": rollout, "sync": sync}
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=totals.get)
     return {"phases": phases, "totals": totals, "peak_phase": peak, "peak": totals[peak]}
@@ -169,6 +177,6 @@ def format_plan(p: dict) -> list[str]:
     lines = []
     for phase, parts in p["phases"].items():
         shown = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
-        lines.append(f"  {phase:8s} {shown} = {p['totals'][phase] / GIB:.2f} GiB")
+        lines.append(f"  {phase:9s} {shown} = {p['totals'][phase] / GIB:.2f} GiB")
     lines.append(f"  peak: {p['peak_phase']} phase, {p['peak'] / GIB:.2f} GiB per GPU")
     return lines

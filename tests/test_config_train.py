@@ -123,6 +123,9 @@ def test_dry_run_plan_describes_what_the_code_keeps():
     assert train["AdamW moments (fp32)"] == round(8 * n / 8 / gib, 2)
     assert not {"hf engine copy", "reference shard", "vLLM budget (weights, KV cache)"} & train.keys()
     assert rollout["vLLM budget (weights, KV cache)"] == round(0.35 * 141, 2) and "fp32 gradient shards" not in rollout
+    optimizer = _plan_line(out, "optimizer")  # after backward: torch's foreach AdamW takes sqrt of every moment
+    assert optimizer["foreach AdamW temporary (fp32)"] == round(4 * n / 8 / gib, 2) == optimizer["fp32 master shards"]
+    assert "activations" not in optimizer
     with_kl = _run(["+experiment=reference_8b", "algo.kl_coef=0.01", "engine=hf", "dry_run=true"],
                    env_extra={"HF_HUB_OFFLINE": "1"})
     train = _plan_line(with_kl.stdout, "train")
@@ -226,6 +229,28 @@ def test_combinations_that_do_not_fit_the_machine_fail_at_start():
         check_hardware(cpu_8b, gpus=1)
     check_hardware(cpu_8b, gpus=0)
     check_hardware(cpu_tiny_vllm, gpus=1)  # how the engine is tested: legal
+
+
+def test_a_gpu_run_the_memory_plan_says_does_not_fit_fails_at_start_naming_the_peak(tmp_path):
+    """The reference run on one GPU plans 163 GiB (its optimizer step: fp32 masters, gradients, moments and
+    foreach AdamW's temporary, 20 bytes a parameter): one line before any weights load, naming the plan's peak,
+    the GPU's memory (here cluster.gpu_memory_gib: no GPU is visible) and what would fit; an H100's 80 GB too;
+    cluster.ignore_memory_plan=true gets past the plan (to the next check: no GPU here)."""
+    one_gpu = ["+experiment=reference_8b", "cluster=1gpu", f"hydra.run.dir={tmp_path}"]
+    proc = _run(one_gpu, timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and lines == [
+        "config error: the memory plan needs 163.3 GiB per GPU (its optimizer phase) but the GPU has 141 GiB "
+        "(cluster.gpu_memory_gib: no GPU visible here): it would fit with 8 GPUs (cluster=8gpu) or 16 GPUs "
+        "(cluster=multinode cluster.nnodes=2); dry_run=true prints the plan, cluster.ignore_memory_plan=true starts "
+        "anyway"], proc.stderr
+    h100 = _run([*one_gpu, "cluster.gpu_memory_gib=80"], timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
+    assert h100.returncode == 2 and "but the GPU has 80 GiB" in h100.stderr, h100.stderr
+    forced = _run([*one_gpu, "cluster.ignore_memory_plan=true"], timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
+    assert forced.returncode == 2 and "this machine has 0 GPU(s)" in forced.stderr, forced.stderr
+    plan = _run([*one_gpu, "dry_run=true"], timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
+    assert plan.returncode == 0 and "peak: optimizer phase, 163.30 GiB per GPU" in plan.stdout
+    assert "device memory: 141 GiB (cluster.gpu_memory_gib: no GPU visible here): DOES NOT FIT" in plan.stdout
 
 
 def test_cluster_8gpu_on_this_cpu_machine_is_one_line(tmp_path):
