@@ -189,7 +189,10 @@ def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
     """
     proc = _run(["model.path=null", "reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2",
                  "algo.group_size=2", "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0",
-                 "trainer.save_every=0", "trainer.steps=3", f"hydra.run.dir={tmp_path}"])
+                 "trainer.save_every=0", "trainer.steps=3", f"hydra.run.dir={tmp_path}",
+                 # the settings the pin was made with, given so that it pins the code, not the defaults
+                 "env.pixels_per_cell=8", "env.pad_before=8", "algo.adv_level=episode", "reward.revisit_penalty=0.02",
+                 "reward.wrong_stop_penalty=0"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
