@@ -157,3 +157,35 @@ def test_two_ranks_under_torchrun_get_one_engine_each(tmp_path):
         assert r["engine"]["tp_ranks"] == [r["rank"]] and r["engine"]["world_ranks"] == [0, 1]
         assert r["gap"] < TOLERANCE
     assert proc.returncode == 0, proc.stderr[-3000:]  # and both shut down cleanly
+
+
+def test_banned_ids_fit_vllms_gpu_runner_at_the_real_qwen3_vl_vocabulary():
+    """vLLM's GPU model runner (V2, the default on CUDA) takes at most 1,024 allowed or biased token ids a request
+    and raises above that; the CPU build runs V1, which takes any number, so only this test sees it. A tokenizer of
+    Qwen3-VL's shape (151,643 text tokens + 26 specials = 151,669) under its 151,936-row vocabulary: the requests
+    ban the 6 special ids and 267 padded rows with a -inf logit bias (273 ids), not by listing the ~151,600 allowed
+    ones (the old form, which V2 refuses)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from vllm.v1.worker.gpu.sample.logit_bias import MAX_NUM_ALLOWED_TOKEN_IDS, MAX_NUM_LOGIT_BIAS_TOKENS
+
+    from models.engines.base import banned_token_ids
+    from models.engines.vllm import ban_bias, request_params
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(151_643)}, unk_token="w0"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>"] + [f"<|extra_{k}|>" for k in range(19)]
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    assert len(tok) == 151_669
+    banned = banned_token_ids(tok, 151_936)
+    assert len(banned) == 6 + 267 and banned[-267:] == list(range(151_669, 151_936))
+    params = request_params(SamplingParams(temperature=1.0, max_new_tokens=8, seed=3), 4,
+                            tok.convert_tokens_to_ids("<|im_end|>"), ban_bias(banned))
+    for p in params:
+        assert not p.allowed_token_ids or len(p.allowed_token_ids) <= MAX_NUM_ALLOWED_TOKEN_IDS
+        assert len(p.logit_bias) <= MAX_NUM_LOGIT_BIAS_TOKENS
+        assert sorted(p.logit_bias) == banned and set(p.logit_bias.values()) == {float("-inf")}
+    assert len({p.seed for p in params}) == 4
+    with pytest.raises(RuntimeError, match="exceed vLLM's 1024 logit-bias ids"):
+        ban_bias(list(range(MAX_NUM_LOGIT_BIAS_TOKENS + 1)))

@@ -4,7 +4,7 @@
   ``<|image_pad|>`` tokens is collapsed to ONE placeholder and the raw image is passed as
   ``multi_modal_data`` (sending pre-expanded placeholders makes vLLM expand them again and sample
   from a different prompt, silently).
-- Logprobs are vLLM's ``processed_logprobs``: after banned tokens (``allowed_token_ids``) and the
+- Logprobs are vLLM's ``processed_logprobs``: after banned tokens (a ``logit_bias`` of -inf) and the
   temperature, matching what the trainer recomputes (with top_p < 1 vLLM also renormalises over
   the nucleus; keep top_p = 1 when comparing).
 - One seed per request, derived from (run seed, step, rank, turn, request index): the G copies of
@@ -14,9 +14,12 @@
   not reached, and resets the prefix cache and the encoder caches (KV and vision features computed
   by the old weights). On GPU, sleep mode frees memory while training: sleep(level 2) -> train ->
   wake(weights) -> push -> wake(kv_cache). CPU has no sleep mode: no-ops there.
-- Allowed vocabulary: ``banned_token_ids`` (special tokens and padded vocabulary rows), the same
-  definition the trainer masks with. With images, the prompt length vLLM reports after expanding
-  the placeholders must equal the trainer's, or ``generate`` raises naming the request.
+- Banned vocabulary: ``banned_token_ids`` (special tokens and padded vocabulary rows), the same
+  definition the trainer masks with, sent as ``logit_bias`` (-inf on each, ~270 ids for a real Qwen3-VL):
+  vLLM's GPU model runner (V2, the default on CUDA) takes at most 1,024 ``allowed_token_ids`` or biased ids
+  a request, so the ~151,600 allowed ids of a real vocabulary would fail the first ``generate``.
+- With images, the prompt length vLLM reports after expanding the placeholders must equal the trainer's,
+  or ``generate`` raises naming the request.
 
 vllm is optional: importing this module without it raises one clear error.
 """
@@ -80,10 +83,41 @@ def check_vllm_api() -> None:
     fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
     missing += [f"EngineArgs.{name}" for name in ("logprobs_mode", "kv_cache_memory_bytes", "enable_sleep_mode")
                 if name not in fields]
+    if logit_bias_limit() is None:
+        missing.append("v1.worker.gpu.sample.logit_bias.MAX_NUM_LOGIT_BIAS_TOKENS")
     if missing:
         version = getattr(vllm, "__version__", "?")
         raise RuntimeError(f"vllm {version} lacks {', '.join(missing)}; engine=vllm is tested with vllm {TESTED_VLLM} "
                            "(pip install -r requirements-gpu.txt)")
+
+
+def logit_bias_limit() -> int | None:
+    """The most biased token ids a request may carry in vLLM's GPU model runner (V2; 1,024 in vLLM 0.32)."""
+    try:
+        from vllm.v1.worker.gpu.sample.logit_bias import MAX_NUM_LOGIT_BIAS_TOKENS
+    except ImportError:
+        return None
+    return int(MAX_NUM_LOGIT_BIAS_TOKENS)
+
+
+def ban_bias(banned: list[int]) -> dict[int, float]:
+    """``logit_bias`` that bans ``banned``: -inf on each id (``SamplingParams(logit_bias=...)`` built directly keeps
+    -inf; only ``from_optional`` clamps to +-100). Raises one line if it exceeds what vLLM's GPU runner takes."""
+    limit = logit_bias_limit()
+    if limit is not None and len(banned) > limit:
+        raise RuntimeError(f"{len(banned)} banned token ids exceed vLLM's {limit} logit-bias ids a request "
+                           "(vllm/v1/worker/gpu/sample/logit_bias.py): a vocabulary padded by that many rows")
+    return {int(i): float("-inf") for i in banned}
+
+
+def request_params(sampling: SamplingParams, n: int, eos_id: int, logit_bias: dict[int, float]) -> list:
+    """One ``vllm.SamplingParams`` per request, each with its own seed: a group's G copies of one prompt must
+    sample G different episodes."""
+    return [vllm.SamplingParams(
+        temperature=max(sampling.temperature, 0.0), top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
+        stop=list(sampling.stop), include_stop_str_in_output=True, stop_token_ids=[eos_id], logprobs=0,
+        seed=None if sampling.seed is None else derive_seed(sampling.seed, i), logit_bias=logit_bias,
+        skip_special_tokens=False) for i in range(n)]
 
 
 class VLLMEngine:
@@ -100,8 +134,7 @@ class VLLMEngine:
 
         vocab = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
         self.banned_token_ids = banned_token_ids(tokenizer, vocab)  # the same definition as the trainer's
-        banned = set(self.banned_token_ids)
-        self.allowed = [i for i in range(vocab) if i not in banned]
+        self.logit_bias = ban_bias(self.banned_token_ids)
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad_id = tokenizer.pad_token_id
         self.image_token_id = image_token_id
@@ -159,11 +192,7 @@ class VLLMEngine:
 
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
         # one seed per request: a group's G copies of one prompt must sample G different episodes
-        params = [vllm.SamplingParams(
-            temperature=max(sampling.temperature, 0.0), top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop), include_stop_str_in_output=True, stop_token_ids=[self.eos_id],
-            logprobs=0, seed=None if sampling.seed is None else derive_seed(sampling.seed, i),
-            allowed_token_ids=self.allowed, skip_special_tokens=False) for i in range(len(prompts))]
+        params = request_params(sampling, len(prompts), self.eos_id, self.logit_bias)
         outs = self.llm.generate([self._request(p) for p in prompts], params, use_tqdm=False)
         # prefix-cache hits: a multi-turn prompt should find the previous turn's prompt (and its images) cached
         self.stats["prompt_tokens"] += sum(len(o.prompt_token_ids or ()) for o in outs)
