@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~40 min on 2 cores).
+# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~45 min on 2 cores).
 #
 #   bash sweeps/make_start.sh [OUT]        # OUT defaults to outputs/tiny_start; the start lands in OUT/start
 #
-# Two SFT stages, because one does not make a start GRPO can lift (results/README.md, "The start"):
+# Two SFT stages, because one does not make a start GRPO can lift (results/reference_task_probes.md):
 #  1. pocket thoughts: the BFS expert, thinking first, its thought naming the open ways and which of them enter
-#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~35 min). This is checkpoints/tiny_sft_pockets4.
+#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~40 min). This is checkpoints/tiny_sft_pockets4.
 #  2. reading without acting: 256 steps from stage 1 with the greedy expert (depth-first toward the goal, which
 #     enters pockets), the thought unchanged (~5 min). Its thought still names the pockets; its moves ignore them.
 # GRPO at CPU scale teaches a policy to act on what its network already reads, not the reading itself: stage 2
 # leaves exactly that part to learn. Step 256 is chosen on select64 (step 128: 0.281, 256: 0.406), never fixed64.
+# Each stage resumes from its last checkpoint (trainer.resume=auto), so a rerun after an interruption continues.
 set -euo pipefail
+out=$(realpath -m "${1:-outputs/tiny_start}")
 cd "$(dirname "$0")/.."
-out=${1:-outputs/tiny_start}
 t0=$SECONDS
 python train.py algo=sft model.path=null algo.sft_lookahead=8 algo.sft_mazes=8192 trainer.eval_every=512 \
     'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets"
+pockets="$out/pockets/checkpoints/step_4096/policy"
+[[ -d $pockets ]] || { echo "make_start: stage 1 left no $pockets" >&2; exit 1; }
 echo "stage 1 (pocket thoughts): $((SECONDS - t0)) s"
 t1=$SECONDS
-python train.py algo=sft model.path="$out/pockets/checkpoints/step_4096/policy" algo.sft_expert=greedy \
+python train.py algo=sft model.path="$pockets" algo.sft_expert=greedy \
     algo.sft_lookahead=8 algo.sft_mazes=1024 algo.sft_epochs=1 algo.lr=5e-4 trainer.seed=2 trainer.eval_every=128 \
     'trainer.eval_suites=[select64,fixed64]' trainer.save_every=128 hydra.run.dir="$out/greedy"
+start="$out/greedy/checkpoints/step_256/policy"
+[[ -d $start ]] || { echo "make_start: stage 2 left no $start" >&2; exit 1; }
 echo "stage 2 (reading without acting): $((SECONDS - t1)) s"
 rm -rf "$out/start"
-cp -r "$out/greedy/checkpoints/step_256/policy" "$out/start"
+cp -r "$start" "$out/start"
 echo "start: $out/start ($((SECONDS - t0)) s in all); use it with: python train.py model.path=$out/start"
