@@ -210,7 +210,7 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     rewards = torch.tensor([episode_reward(t, shaped) for t in trajs]) + torch.tensor([0.3, 0.0, 0.0, 0.0])
     scoring = Scoring(engine.pad_id, model.config.image_token_id, engine.banned_token_ids, 1.0)
     episode = group_advantages(rewards, 2)
-    plain = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2)), scoring)
+    plain = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2, adv_level="episode")), scoring)
     turn = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn")), scoring,
                        reward_cfg=shaped)
     per_turn = turn_advantages(episode, [discounted_returns(turn_rewards(t, shaped), 0.95) for t in trajs],
@@ -221,7 +221,7 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     assert torch.allclose(turn.advantages, torch.tensor([per_turn[i][k] for i, k in rows], dtype=torch.float32))
     assert plain.first_turn.tolist() == [k for _, k in rows]
     dapo = build_batch(trajs, torch.tensor([1.0, 0.0, 0.5, 0.5]), OmegaConf.structured(
-        AlgoConfig(group_size=2, filter_zero_std=True)), scoring)
+        AlgoConfig(group_size=2, adv_level="episode", filter_zero_std=True)), scoring)
     assert dapo.kept == [r for r, (i, _) in enumerate(rows) if i < 2] and dapo.kept_episodes == 2
 
 
