@@ -3,7 +3,7 @@ the shipped SFT checkpoint) must raise the greedy solve rate on fixed64 (the ref
 by more than random variation reaches, and the same run with the advantages' sign flipped
 (``VLMAZE_FAULTS=flip_advantage@all``) must not.
 
-    python -m pytest -q -m slow tests/test_learning.py     # 2 x the default job, ~30 min on 2 cores
+    python -m pytest -q -m slow tests/test_learning.py     # 2 x the default job, ~18 min on 2 cores
 
 The margin is two standard errors of the difference of two independent proportions at the start's
 rate on 64 mazes (0.175 at the shipped start's 0.438): a change of the policy that does not help
