@@ -27,27 +27,28 @@ def device_memory(cfg) -> tuple[float, str]:
     return float(cfg.cluster.gpu_memory_gib), "cluster.gpu_memory_gib: no GPU visible here"
 
 
-def memory_plan(cfg, gpu_gib: float, **changes) -> dict:
-    """``models.memory.plan`` for this job (the architecture on the meta device, no weights); ``changes`` try
-    other settings: grad_ckpt, micro_batch, world, gpu_util."""
+def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
+    """``models.memory.plan`` for this job (the architecture on the meta device, no weights; ``units`` reuses an
+    earlier plan's count); ``changes`` try other settings: grad_ckpt, micro_batch, world, gpu_util."""
     from models import memory
 
     world = changes.get("world", cfg.cluster.nproc_per_node * cfg.cluster.nnodes)
-    fsdp = (world > 1 or cfg.cluster.device == "cuda") and cfg.cluster.parallel == "fsdp2"
-    if cfg.model.name == "tiny":
+    fsdp = (world > 1 or cfg.cluster.device == "cuda") and cfg.cluster.parallel == "fsdp2"  # as needs_torchrun
+    if units is None and cfg.model.name == "tiny":
         from models.tiny import build_tokenizer, tiny_config
 
         units = memory.count_units(tiny_config(build_tokenizer()))
-    else:
+    elif units is None:
         units = memory.count_units(memory.arch_config(cfg.model.name))
     micro = changes.get("micro_batch", cfg.algo.micro_batch)
     rows = micro if cfg.algo.name != "sft" else min(micro, cfg.algo.sft_batch)
+    seq = memory.sequence_tokens(cfg)
     p = memory.plan(units, world=world, compute_bytes=4 if cfg.model.dtype == "float32" else 2,
                     engine=cfg.engine.name, kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft",
-                    tokens=rows * memory.sequence_tokens(cfg),
+                    tokens=rows * seq,
                     grad_ckpt=changes.get("grad_ckpt", cfg.model.gradient_checkpointing), gpu_gib=gpu_gib,
                     gpu_util=changes.get("gpu_util", cfg.engine.gpu_memory_utilization), fsdp=fsdp)
-    return {**p, "units": units, "world": world, "fsdp": fsdp}
+    return {**p, "units": units, "world": world, "fsdp": fsdp, "rows": rows, "seq": seq}
 
 
 def check_fits(cfg) -> None:
@@ -75,7 +76,7 @@ def check_fits(cfg) -> None:
         tries.append((f"{8 * cfg.cluster.nnodes} GPUs (cluster=8gpu)", dict(world=8 * cfg.cluster.nnodes)))
     if world < 16:
         tries.append(("16 GPUs (cluster=multinode cluster.nnodes=2)", dict(world=16)))
-    fixes = [name for name, change in tries if memory_plan(cfg, gib, **change)["peak"] <= gib * GIB]
+    fixes = [name for name, change in tries if memory_plan(cfg, gib, p["units"], **change)["peak"] <= gib * GIB]
     raise ConfigError(
         f"the memory plan needs {p['peak'] / GIB:.1f} GiB per GPU (its {p['peak_phase']} phase) but the GPU has "
         f"{gib:.0f} GiB ({source}): " + (f"it would fit with {' or '.join(fixes)}" if fixes else
@@ -92,9 +93,7 @@ def launch_plan(cfg) -> str:
     torchrun = needs_torchrun(cfg)
     gib, source = device_memory(cfg) if cfg.cluster.device == "cuda" else (0.0, "")
     p = memory_plan(cfg, gib)
-    world, units, fsdp = p["world"], p["units"], p["fsdp"]
-    seq = memory.sequence_tokens(cfg)
-    rows = cfg.algo.micro_batch if cfg.algo.name != "sft" else min(cfg.algo.micro_batch, cfg.algo.sft_batch)
+    world, units, fsdp, rows, seq = p["world"], p["units"], p["fsdp"], p["rows"], p["seq"]
     lines = [
         f"launch plan: world size {world} ({cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} "
         f"process(es)){' under torchrun' if torchrun else ''}, device {cfg.cluster.device}, backend "
