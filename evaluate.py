@@ -17,10 +17,17 @@ import sys
 from pathlib import Path
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from PIL import Image
 
+from conf.recorded import RecordError, run_config
 from conf.schema import given_keys, register_evaluate
+from maze.env import EnvSettings, render_path
+from maze.suites import load_suite, suite_names
+from rl.evaluation import compare_reports, evaluate_suites, model_player, report_markdown, write_report
+from rl.policies import POLICIES, play
 
 register_evaluate()
 log = logging.getLogger("vlmaze.evaluate")
@@ -33,7 +40,7 @@ def fail(message: str) -> None:
 
 def resolve_checkpoint(path: str) -> Path | str:
     """A vlmaze checkpoint dir (verified), its policy/ dir, an HF model dir, or a hub id."""
-    from models.build import resolve_path
+    from models.build import resolve_path  # rl.checkpoint imports the model classes: seconds, only for a checkpoint
     from rl.checkpoint import verify
 
     p = Path(resolve_path(path))
@@ -61,9 +68,10 @@ def adopt_run_settings(cfg: DictConfig, policy_dir: Path | str) -> None:
     and the per-turn token limit, so a policy is evaluated on the observation it was trained on. Keys given on the
     command line win, and are logged; a checkpoint without a recorded config is evaluated with the defaults and a
     warning line."""
-    from rl.checkpoint import run_config
-
-    recorded = run_config(policy_dir) if Path(str(policy_dir)).is_dir() else None
+    try:
+        recorded = run_config(policy_dir) if Path(str(policy_dir)).is_dir() else None
+    except RecordError as err:
+        raise SystemExit(f"checkpoint={cfg.checkpoint}: {err}") from None
     if recorded is None:
         log.warning("checkpoint=%s records no run config (%s): evaluating with the env/model settings given here "
                     "and the defaults", cfg.checkpoint, "older run or hub model")
@@ -89,14 +97,10 @@ def adopt_run_settings(cfg: DictConfig, policy_dir: Path | str) -> None:
 
 
 def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str, Path]:
-    import matplotlib
+    import matplotlib  # plotting only when figures are asked for
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from PIL import Image
-
-    from maze.env import render_path
+    import matplotlib.pyplot as plt  # after choosing the Agg backend
 
     paths = {}
     suites = report["suites"]
@@ -147,11 +151,6 @@ def figures(report: dict, trajs: list, out: Path, failed_grid: int) -> dict[str,
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from maze.core import load_suite, suite_names
-    from maze.env import EnvSettings
-    from rl.evaluation import compare_reports, evaluate_suites, report_markdown, write_report
-    from rl.policies import POLICIES, play
-
     if cfg.compare:
         for p in cfg.compare:
             if not Path(p).is_file():
@@ -180,9 +179,8 @@ def main(cfg: DictConfig) -> float | None:
     env = EnvSettings.from_config(cfg.env)
     checkpoint = None
     if cfg.policy == "model":
-        from models.build import load_policy
+        from models.build import load_policy  # the model classes take seconds to import: only for a model
         from models.engines.hf import HFEngine
-        from rl.evaluation import model_player
 
         if cfg.checkpoint is None and cfg.model.name != "tiny":
             fail("policy=model needs checkpoint=PATH (or model=tiny for a random tiny model)")
@@ -206,12 +204,10 @@ def main(cfg: DictConfig) -> float | None:
     (out / "report.md").write_text(f"# Evaluation: {checkpoint or cfg.policy}\n\n{table}")
     print(table)
     if cfg.figures:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # tensorboard only when asked for
 
         figs = figures(report, trajs, out, cfg.failed_grid)
         writer = SummaryWriter(str(out / "tb"))
-        import numpy as np
-        from PIL import Image
 
         for name, s in report["suites"].items():
             writer.add_scalar(f"eval/{name}/success_rate", s["success_rate"], 0)

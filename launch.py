@@ -5,12 +5,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
+
+from conf.schema import ConfigError
+from models import memory
+from models.memory import GIB
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
@@ -18,8 +24,6 @@ TRAIN = Path(__file__).resolve().parent / "train.py"
 def device_memory(cfg) -> tuple[float, str]:
     """GiB of one GPU of this job and where the figure comes from: the visible device itself (an H100 job plans
     for 80 GB, an H200 one for 141), else ``cluster.gpu_memory_gib`` (a dry run on a machine without the GPU)."""
-    import torch
-
     if cfg.cluster.device == "cuda" and torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
         props = torch.cuda.get_device_properties(index)
@@ -30,12 +34,10 @@ def device_memory(cfg) -> tuple[float, str]:
 def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
     """``models.memory.plan`` for this job (the architecture on the meta device, no weights; ``units`` reuses an
     earlier plan's count); ``changes`` try other settings: grad_ckpt, micro_batch, world, gpu_util."""
-    from models import memory
-
     world = changes.get("world", cfg.cluster.nproc_per_node * cfg.cluster.nnodes)
     fsdp = (world > 1 or cfg.cluster.device == "cuda") and cfg.cluster.parallel == "fsdp2"  # as needs_torchrun
     if units is None and cfg.model.name == "tiny":
-        from models.tiny import build_tokenizer, tiny_config
+        from models.tiny import build_tokenizer, tiny_config  # transformers: seconds, only for the tiny model
 
         units = memory.count_units(tiny_config(build_tokenizer()))
     elif units is None:
@@ -55,9 +57,6 @@ def check_fits(cfg) -> None:
     """A GPU job whose memory plan exceeds its GPU fails here, before any weights load, in one line naming the
     plan's peak, the GPU's memory and the keys that would make it fit (``cluster.ignore_memory_plan=true``
     starts it anyway). CPU jobs are not planned against a device."""
-    from conf.schema import ConfigError
-    from models.memory import GIB
-
     if cfg.cluster.device != "cuda" or cfg.cluster.ignore_memory_plan:
         return
     gib, source = device_memory(cfg)
@@ -88,8 +87,6 @@ def launch_plan(cfg) -> str:
     """World size, processes, precision, engine and the per-GPU memory plan (``models.memory``: what the code keeps,
     component by component; the architecture is built on the meta device, no weights are loaded), planned for the
     GPU this job would run on (``device_memory``)."""
-    from models import memory
-
     torchrun = needs_torchrun(cfg)
     gib, source = device_memory(cfg) if cfg.cluster.device == "cuda" else (0.0, "")
     p = memory_plan(cfg, gib)
@@ -122,7 +119,7 @@ def launch_plan(cfg) -> str:
 def write_slurm_script(cfg, run_dir: str) -> Path:
     """The sbatch script submitit would submit for this job (``hydra/launcher=vlmaze_slurm``), written
     with submitit's own generator; a dry run here, where no Slurm is installed."""
-    from submitit.slurm.slurm import _make_sbatch_string
+    from submitit.slurm.slurm import _make_sbatch_string  # optional: submitit, for cluster=slurm
 
     c = cfg.cluster
     folder = Path(run_dir) / "submitit"
@@ -174,8 +171,6 @@ def relaunch_under_torchrun(cfg, run_dir: str) -> int:
 
 def final_score(run_dir: str, cfg) -> float | None:
     """The last periodic eval's score on the first suite (what a relaunched job returns to a sweeper)."""
-    import json
-
     reports = sorted(Path(run_dir, "eval").glob("step_*/report.json"), key=lambda p: int(p.parent.name[5:]))
     if not reports or not cfg.trainer.eval_suites:
         return None

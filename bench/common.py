@@ -1,7 +1,7 @@
 """One vlmaze GRPO step (rollout -> rewards/advantages -> update) for the benchmarks.
 
 The same library calls ``train.py`` makes (``rl.rollout.rollout``, ``rl.grpo.build_batch``,
-``rl.grpo.accumulate``), without its logging and checkpointing: on-policy with one PPO epoch, so the old
+``rl.update.accumulate``), without its logging and checkpointing: on-policy with one PPO epoch, so the old
 logprobs are the current ones detached (no extra forward), no KL (no reference model), token-mean loss, one
 packed (or padded) forward and backward over the whole batch in which each distinct image is encoded once.
 """
@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 from conf.schema import AlgoConfig
 from models.engines.base import SamplingParams
 from models.engines.hf import HFEngine
-from rl.grpo import Scoring, accumulate, build_batch
+from rl import grpo
 from rl.rollout import rollout
+from rl.update import Scoring, accumulate
 
 
 class GRPOStep:
@@ -42,7 +43,7 @@ class GRPOStep:
         return {"generate": t1 - t0, **res, "step": time.perf_counter() - t0}
 
     def update(self, trajs, packing: bool) -> dict:
-        """The step's batch (``rl.grpo.build_batch``), then one forward/backward (``rl.grpo.accumulate``, the
+        """The step's batch (``rl.grpo.build_batch``), then one forward/backward (``rl.update.accumulate``, the
         whole batch in one micro-batch) and one optimizer step over ``trajs``: train.py's own calls."""
         e, model = self.engine, self.model
         t1 = time.perf_counter()
@@ -50,11 +51,11 @@ class GRPOStep:
                                                loss_agg="token_mean", micro_batch=len(trajs),
                                                temperature=self.temperature))
         scoring = Scoring(e.pad_id, e.image_token_id, e.banned_token_ids, self.temperature, packing=packing)
-        batch = build_batch(trajs, torch.tensor([self.reward(t) for t in trajs]), algo, scoring)
+        batch = grpo.build_batch(trajs, torch.tensor([self.reward(t) for t in trajs]), algo, scoring)
         t2 = time.perf_counter()
         model.train()
         self.opt.zero_grad(set_to_none=True)
-        accumulate(model, batch, batch.kept, algo, scoring, sft=False)
+        accumulate(model, batch, batch.kept, algo.micro_batch, scoring, grpo.loss(algo))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         self.opt.step()
         t3 = time.perf_counter()

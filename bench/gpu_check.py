@@ -1,7 +1,7 @@
 """GPU check, part 2: a training step of the Qwen3-VL-8B architecture's layer shapes (random weights, built from
 its known config: nothing is downloaded) with as many decoder layers as the memory plan says fit one GPU, in
 train.py's precision and code path: fp32 master weights and AdamW, FSDP2 (world size 1) casting to bf16 for
-compute, gradient checkpointing, ``rl.grpo.accumulate`` over multi-turn maze conversations in the reference's
+compute, gradient checkpointing, ``rl.update.accumulate`` over multi-turn maze conversations in the reference's
 interface. Prints the layers, the attention implementation that ran, step time, tokens/s, MFU, and the measured
 peak memory beside the plan's figure (``models.memory``) for that depth; exits 1 when they differ by > 15 %.
 
@@ -48,9 +48,10 @@ def main() -> None:
     from models.distributed import wrap_fsdp2
     from models.engines.base import banned_token_ids
     from models.tiny import build_tiny
-    from rl.grpo import Scoring, StepBatch, accumulate
+    from rl import sft
+    from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.sft import expert_trajectory
+    from rl.update import Scoring, StepBatch, accumulate
 
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
@@ -132,7 +133,7 @@ def main() -> None:
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad(set_to_none=True)
-        accumulate(model, sb, list(range(len(batch))), algo, scoring, sft=True, sharded=True)
+        accumulate(model, sb, list(range(len(batch))), algo.micro_batch, scoring, sft.loss, sharded=True)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if cuda:

@@ -29,8 +29,8 @@ from maze import TrainSampler  # noqa: E402
 from maze.env import EnvSettings  # noqa: E402
 from models.build import load_policy_dir  # noqa: E402
 from models.forward import collate  # noqa: E402
+from rl.experts import expert_trajectory  # noqa: E402
 from rl.rollout import Conversation  # noqa: E402
-from rl.sft import expert_trajectory  # noqa: E402
 
 DECISIONS = {"up", "down", "left", "right", "stop", "on"}
 KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import GRPOStep  # noqa: E402
 from bench.rollout import TimedEngine, never_ending  # noqa: E402
-from maze.core import TrainSampler  # noqa: E402
 from maze.env import EnvSettings  # noqa: E402
+from maze.sampler import TrainSampler  # noqa: E402
 from models.build import SHIPPED_SFT, load_policy_dir  # noqa: E402
 from models.engines.base import SamplingParams  # noqa: E402
 from models.engines.hf import HFEngine  # noqa: E402

@@ -8,13 +8,19 @@ option (``algo=grpoo``) lists the available ones. Cross-key checks live in ``val
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, OmegaConf
 
-from maze.env import EnvSettings
+from conf.recorded import RecordError, recorded
+from maze.core import GENERATORS, MAX_SIZE, MIN_SIZE
+from maze.env import EnvSettings, frame_side
+from maze.suites import load_suite
 
 
 @dataclass
@@ -37,7 +43,7 @@ class ModelConfig:
 
 @dataclass
 class MixConfig:
-    """One kind of training maze in ``env.train_mix`` (``maze.core.MixItem``)."""
+    """One kind of training maze in ``env.train_mix`` (``maze.sampler.MixItem``)."""
 
     size: int = 9
     generator: str = "wilson"  # wilson|backtracker|prim|kruskal|sidewinder
@@ -198,8 +204,6 @@ GROUPS = {"model": ModelConfig, "env": EnvConfig, "algo": AlgoConfig, "reward": 
 
 def short_name(text: str, limit: int = 120) -> str:
     """A file-name-safe length for a sweep job's dir name: long override lists keep their start and a hash."""
-    import hashlib
-
     text = str(text)
     if len(text) <= limit:
         return text
@@ -207,8 +211,6 @@ def short_name(text: str, limit: int = 120) -> str:
 
 
 def register() -> None:
-    from omegaconf import OmegaConf
-
     if not OmegaConf.has_resolver("vlmaze_short"):
         OmegaConf.register_new_resolver("vlmaze_short", short_name)
     cs = ConfigStore.instance()
@@ -223,8 +225,6 @@ class ConfigError(ValueError):
 
 def _check_mix(env) -> None:
     """``env.train_mix`` and the curriculum keys: each element's values, and no half-used combination."""
-    from maze.core import GENERATORS, MAX_SIZE, MIN_SIZE
-
     for i, item in enumerate(env.train_mix):
         key = f"env.train_mix[{i}]"
         if not (MIN_SIZE <= item.size <= MAX_SIZE) or item.size % 2 == 0:
@@ -256,9 +256,6 @@ def _check_mix(env) -> None:
 def _check_frames_fit(cfg) -> None:
     """Every size the run draws or evaluates must reach the model at its own resolution: a frame larger than
     ``model.max_pixels`` is resized by the processor, and resized walls blur across patches."""
-    from maze.core import load_suite
-    from maze.env import frame_side
-
     env = cfg.env
     sizes = {env.size, *env.train_sizes, *(m.size for m in env.train_mix)}
     for name in cfg.trainer.get("eval_suites", None) or []:
@@ -300,8 +297,6 @@ CHOICES = {
 def given_keys() -> set[str]:
     """The keys set on this run's command line (``env.pixels_per_cell``, ``+experiment``, ...); empty outside a
     Hydra app (a config composed in a test)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return set()
     return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
@@ -315,21 +310,16 @@ def _check_start_observation(cfg) -> None:
     """A start (``model.path``) whose recorded run (``policy/vlmaze_config.yaml``) saw another observation than this
     run's ``env`` settings: a policy trained on one frame layout or prompt does not read another, and the run would
     train on it silently. Keys given on the command line are taken as meant (fine-tuning to a new observation)."""
-    from pathlib import Path
-
-    from rl.checkpoint import run_config
-
     path = cfg.model.get("path")
     if not path or not Path(str(path)).is_dir():
         return
     try:
-        recorded = (run_config(path) or {}).get("env") or {}
-    except Exception as err:  # a corrupt record: one line naming it
-        raise ConfigError(f"model.path={path}: its recorded run config cannot be read ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        env = recorded(path, "env")
+    except RecordError as err:  # a corrupt record: one line naming it
+        raise ConfigError(f"model.path={path}: {err}") from None
     given = given_keys()
-    differ = [(k, recorded[k], cfg.env[k]) for k in OBSERVATION_KEYS
-              if k in recorded and recorded[k] != cfg.env[k] and f"env.{k}" not in given]
+    differ = [(k, env[k], cfg.env[k]) for k in OBSERVATION_KEYS
+              if k in env and env[k] != cfg.env[k] and f"env.{k}" not in given]
     if differ:
         raise ConfigError(f"model.path={path} was trained with " + " ".join(f"env.{k}={r}" for k, r, _ in differ)
                           + " but this run has " + " ".join(f"env.{k}={v}" for k, _, v in differ)
@@ -337,12 +327,23 @@ def _check_start_observation(cfg) -> None:
                           "observation)")
 
 
+def start_warnings(cfg) -> list[str]:
+    """Settings that are legal but do not do what a reader may think: one line each, logged at start."""
+    a, out = cfg.algo, []
+    if a.name != "sft" and a.ppo_epochs == 1 and a.minibatches == 1 and (a.clip_high != a.clip_low
+                                                                          or a.ratio_level == "sequence"):
+        out.append("algo.clip_low/clip_high/ratio_level act only off-policy: with one update per step "
+                   "(algo.ppo_epochs=1, algo.minibatches=1) every ratio is 1 and the clip is never reached")
+    if a.name != "sft" and cfg.env.max_images_in_context:
+        k = cfg.env.max_images_in_context
+        out.append(f"env.max_images_in_context={k}: each episode is trained as one sequence, so turns before the "
+                   f"last {k} are trained without the frames they were sampled from (env.history=K trains each "
+                   "turn with the context it was sampled with)")
+    return out
+
+
 def validate(cfg) -> None:
     """Cross-key checks, run before any heavy work. Raises ConfigError naming the key."""
-    from omegaconf import OmegaConf
-
-    from maze.core import GENERATORS, MAX_SIZE, MIN_SIZE
-
     def get(key):
         return OmegaConf.select(cfg, key)
 

@@ -12,18 +12,12 @@ from PIL import Image
 from maze.core import (
     GENERATORS,
     PLACEMENTS,
-    EvalSuite,
     Maze,
-    TrainSampler,
     distances_from,
-    eval_hashes,
-    eval_layouts,
     expert_actions,
     generate_maze,
-    load_suite,
     optimal_steps,
     shortest_path,
-    suite_names,
 )
 from maze.env import (
     REFERENCE_VIEW,
@@ -36,6 +30,8 @@ from maze.env import (
     render,
     render_path,
 )
+from maze.sampler import TrainSampler
+from maze.suites import EvalSuite, eval_hashes, eval_layouts, load_suite, suite_names
 
 ENV_ID = "vlmaze/Maze-v0"
 if ENV_ID not in gym.registry:

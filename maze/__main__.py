@@ -1,5 +1,5 @@
 """`python -m maze --list | --freeze`: list or rewrite the frozen eval suites."""
 
-from maze.core import main
+from maze.suites import main
 
 main()

@@ -83,6 +83,12 @@ def turn_budget(size: int, max_turns: int = REFERENCE_TURNS, ref_size: int = REF
     return max(max_turns, math.ceil(max_turns * (size / ref_size) ** 2))
 
 
+def training_sizes(env) -> list[int]:
+    """The maze sizes an ``env.*`` config trains on (``conf/schema.EnvConfig``): its ``train_mix``'s, else
+    ``train_sizes``, else ``size``. One answer for the sampler, the turn budget of the step and the memory plan."""
+    return [int(m.size) for m in env.train_mix] or [int(s) for s in env.train_sizes] or [int(env.size)]
+
+
 INTERFACES = ("vlmaze", "reference")
 VIEWS = ("global", "egocentric")  # global: the maze as is; egocentric: centred on the agent
 # The reference's observation: the whole maze as drawn, 25 px cells (225 px at 9x9, not padded: the processor

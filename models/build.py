@@ -32,6 +32,7 @@ FLASH_DTYPES = ("bfloat16", "float16")  # flash-attention kernels take no fp32
 def flash_attention_usable() -> bool:
     """transformers' own check (package, version, a CUDA torch), then an import: an installed wheel built for
     another torch fails here (an undefined symbol), not at the first forward."""
+    # transformers only where a model is built (config validation imports this module)
     from transformers.utils import is_flash_attn_2_available
 
     if not is_flash_attn_2_available():
@@ -58,13 +59,14 @@ def attn_implementation(requested: str, device: str, dtype: str, flash_usable=fl
 
 def load_policy(cfg_model, device: str = "cpu"):
     """Return ``(model, processor)`` for ``conf/model``; weights only from safetensors."""
+    # transformers' model classes take seconds to import: only where a model is built
     from transformers import AutoModelForImageTextToText
 
     from models.tiny import load_processor
 
     path = resolve_path(cfg_model.path)
     if cfg_model.name == "tiny" and path is None:
-        from models.tiny import build_tiny
+        from models.tiny import build_tiny  # (the same: transformers)
 
         model, processor = build_tiny(cfg_model.init_seed, cfg_model.min_pixels, cfg_model.max_pixels,
                                       cfg_model.tiny_layers, cfg_model.tiny_hidden, cfg_model.tiny_vision_depth,
@@ -91,6 +93,7 @@ def load_policy(cfg_model, device: str = "cpu"):
 
 def load_policy_dir(path: str | Path, dtype: str = "float32"):
     """``(model, processor)`` from a saved HF directory (a checkpoint's policy/ or the shipped SFT start)."""
+    # transformers' model classes take seconds to import: only where a model is built
     from transformers import AutoModelForImageTextToText
 
     from models.tiny import load_processor

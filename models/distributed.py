@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 def mixed_precision_policy(compute_dtype: torch.dtype):
     """fp32 shards and gradient reduction, ``compute_dtype`` for the forward/backward."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
@@ -33,8 +33,6 @@ def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32) -> None:
 
     ``reshard_after_forward`` is left to FSDP2: units reshard after their forward, the root keeps its gathered
     embeddings and lm_head until backward (passing it explicitly would make the root regather them)."""
-    from torch.distributed.fsdp import fully_shard
-
     mp = mixed_precision_policy(compute_dtype)
     fully_shard(model.model.visual, mp_policy=mp)
     for layer in model.model.language_model.layers:
@@ -56,6 +54,4 @@ def stream_full_weights(model, dtype: torch.dtype | None = None) -> Iterator[tup
 def full_state_dict(policy, cpu_offload: bool = True) -> dict:
     """Gather the unsharded weights (a collective: every rank calls it; with ``cpu_offload`` only rank 0
     receives them, on the CPU)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))

@@ -32,6 +32,7 @@ the padded batch (equal within 1e-5 in fp32; ``tests/test_packing.py``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import torch.utils.checkpoint
@@ -67,8 +68,6 @@ def encoder_outputs_supported(model) -> bool:
     """Whether this transformers' Qwen3-VL takes precomputed vision features (``mm_encoder_outputs``, 5.19).
     Older ones (5.17, on the GPU check machine) swallow the unknown keyword and run without the images, so
     callers fall back to ``pixel_values`` there."""
-    import inspect
-
     inner = getattr(model, "model", model)
     return "mm_encoder_outputs" in inspect.signature(type(inner).forward).parameters
 
@@ -82,6 +81,7 @@ def shared_image_features(model, images: list[ImageInput]) -> dict:
     gradient is the sum over occurrences — the same gradient as encoding each occurrence alone.
     Returns ``mm_encoder_outputs`` for the model's forward (with grad when grad is enabled).
     """
+    # transformers' model classes take seconds to import: only where a model is built
     from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
     uniq = list({id(im): im for im in images}.values())
@@ -257,7 +257,7 @@ def gap_by_turn(logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tenso
 
 def is_sharded(model) -> bool:
     """True for an FSDP2-wrapped module (its forward casts to the compute dtype itself)."""
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # slow to import; rl/update.py imports this module
 
     return isinstance(model, FSDPModule)
 

@@ -37,6 +37,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
+from maze.env import training_sizes, turn_budget
+from models.forward import chunk_positions
+
 GIB = 1024**3
 PROMPT_TOKENS = 400  # system prompt + first user turn, text only (an upper estimate for both interfaces)
 TURN_TEXT_TOKENS = 40  # per turn: chat markup, feedback line, vision start/end
@@ -60,6 +65,7 @@ ARCH = {
 
 def arch_config(name: str, layers: int | None = None, token_ids: dict | None = None):
     """The ``Qwen3VLConfig`` of ``name`` (optionally with ``layers`` decoder layers), built offline."""
+    # transformers only where a plan is built (config validation imports this module)
     from transformers import Qwen3VLConfig
 
     text, vision = (dict(d) for d in ARCH[name])
@@ -97,7 +103,7 @@ class Units:
 
 def count_units(config) -> Units:
     """Build ``config`` on the meta device and count each unit's parameters."""
-    import torch
+    # transformers' model classes take seconds to import: only where a model is built
     from transformers import Qwen3VLForConditionalGeneration
 
     with torch.device("meta"):
@@ -126,9 +132,7 @@ def image_tokens(cfg_env, cfg_model) -> int:
 def sequence_tokens(cfg) -> int:
     """Upper bound of one episode's tokens: the turn budget at the largest training size, every response at
     max_new_tokens."""
-    from maze.env import turn_budget
-
-    sizes = list(cfg.env.train_sizes) or [cfg.env.size]
+    sizes = training_sizes(cfg.env)
     turns = max(turn_budget(s, cfg.env.max_turns, cfg.env.size) for s in sizes)
     per_turn = image_tokens(cfg.env, cfg.model) + TURN_TEXT_TOKENS + cfg.algo.max_new_tokens
     return PROMPT_TOKENS + turns * per_turn
@@ -152,8 +156,6 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     hf_copy = c * n if engine == "hf" and fsdp and world >= 1 else 0.0
     per_layer = tokens * (8 * h + 3 * i) * c
     activations = (u.layers * tokens * h * c + per_layer) if grad_ckpt else u.layers * per_layer
-    from models.forward import chunk_positions
-
     logits = min(chunk_positions(u.vocab), tokens) * u.vocab * (7 * 4 + c)
     vllm = gpu_util * gpu_gib * GIB if engine == "vllm" else 0.0
     train = {"fp32 master shards": masters, "fp32 gradient shards": grads, "AdamW moments (fp32)": moments,

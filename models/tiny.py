@@ -10,18 +10,25 @@ Qwen's special tokens and a Qwen-style chat template; the image processor is
 
 from __future__ import annotations
 
+import json
+from itertools import combinations
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoProcessor,
+    AutoTokenizer,
     PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+from maze.env import MULTI_MOVE_HINT, SYSTEM_PROMPT, TASK_PROMPT
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -68,8 +75,6 @@ def save_processor(processor, path: str | Path) -> None:
     vLLM loads a Qwen3-VL checkpoint's processor as ``Qwen3VLProcessor`` and needs all three; vlmaze itself
     reads only the image processor and tokenizer (``load_processor``), so no torchvision is needed here.
     """
-    import json
-
     processor.save_pretrained(path)
     config_file = Path(path) / "processor_config.json"
     config = json.loads(config_file.read_text())
@@ -86,8 +91,6 @@ def load_processor(path: str | Path, **kwargs) -> Qwen3VLImageProcessor:
     The image processor is always the PIL one, whether torchvision is installed or not, so an environment
     with torchvision (the vLLM CPU tests') preprocesses frames exactly as one without.
     """
-    from transformers import AutoTokenizer
-
     image = Qwen2VLImageProcessorPil.from_pretrained(str(path), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     return Qwen3VLImageProcessor(image, tokenizer, chat_template=tokenizer.chat_template)
@@ -95,8 +98,6 @@ def load_processor(path: str | Path, **kwargs) -> Qwen3VLImageProcessor:
 
 def _training_corpus() -> list[str]:
     """Text the tiny tokenizer is trained on: the task's prompts, feedback and answers."""
-    from maze.env import MULTI_MOVE_HINT, SYSTEM_PROMPT, TASK_PROMPT
-
     moves = ["up", "down", "left", "right", "stop"]
     lines = [SYSTEM_PROMPT, TASK_PROMPT, MULTI_MOVE_HINT.format(k=3)]
     for m in moves:
@@ -108,8 +109,7 @@ def _training_corpus() -> list[str]:
               "You stopped on the goal. Solved!", "You reached the goal. Solved!",
               "You stopped, but you are not on the goal. Episode over.", "Out of turns.",
               "I am on the goal. <action>stop</action>", "0 1 2 3 4 5 6 7 8 9 , . ! ? : ; ' \" ( )"]
-    # the SFT experts' short thoughts (rl.sft.thought): what the agent sees around itself
-    from itertools import combinations
+    # the SFT experts' short thoughts (maze.thought.thought): what the agent sees around itself
     for k in range(1, 5):
         for dirs in combinations(moves[:4], k):
             lines += [f"<think>facing {m}; open {' '.join(dirs)}</think>" for m in moves[:4]]
@@ -194,8 +194,6 @@ def build_tiny_text(seed: int = 0, padded_vocab: int = 0):
     Qwen2-VL image processor for every Qwen-VL model, and torchvision has no CPU build here.
     ``padded_vocab`` adds output rows no token maps to, as real checkpoints have.
     """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tokenizer = build_tokenizer()
     text = tiny_config(tokenizer).text_config
     config = Qwen3Config(vocab_size=text.vocab_size + padded_vocab, hidden_size=text.hidden_size,

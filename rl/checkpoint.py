@@ -18,6 +18,7 @@ and broadcasts the choice; a corrupt checkpoint is reported in one line and the 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -26,11 +27,18 @@ import random
 import re
 import shutil
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from conf.recorded import RUN_CONFIG
+from models.distributed import full_state_dict
+from models.tiny import save_processor
 from rl import dist as D
 from rl import faults
 
@@ -70,8 +78,6 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    import ast
-
     random.setstate(ast.literal_eval(state["python"]))
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
@@ -82,21 +88,14 @@ def set_rng_state(state: dict) -> None:
 
 def _dcp(fn, state: dict, path: Path) -> None:
     """``dcp.save``/``dcp.load`` (one process: without a group, as DCP itself assumes, minus its warning)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to .* in a single process")
         fn(state, checkpoint_id=str(path))
 
 
 def _sharded_state(policy, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     model_sd, optim_sd = get_state_dict(policy, optimizer)
     return {"model": model_sd, "optim": optim_sd}
-
-
-RUN_CONFIG = "vlmaze_config.yaml"  # in policy/: the resolved config of the run that wrote it
 
 
 def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer=None, scheduler=None, sampler=None,
@@ -106,11 +105,6 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
     ``keep_last`` (0 = keep all). Without ``optimizer`` only the HF export and RNG are written (an export).
     ``config`` (the run's resolved config) is written to ``policy/vlmaze_config.yaml``: evaluate.py reads the
     environment and model settings the policy was trained with from it."""
-    import torch.distributed.checkpoint as dcp
-
-    from models.distributed import full_state_dict
-    from models.tiny import save_processor
-
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step}", root / f".tmp_step_{step}"
     if D.is_main():
@@ -128,8 +122,6 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
         policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export)
         save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
         if config is not None:
-            from omegaconf import OmegaConf
-
             OmegaConf.save(OmegaConf.create(config), tmp / "policy" / RUN_CONFIG)
     del export
     D.barrier()
@@ -161,9 +153,6 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
 def load_checkpoint(ckpt: Path, policy, optimizer) -> dict:
     """Load a checkpoint into the (possibly sharded) ``policy`` and ``optimizer`` and this rank's RNG; returns
     the trainer state (step, scheduler, sampler, metrics). Every rank calls it (a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
     state = load_trainer_state(ckpt)
     if (ckpt / "dcp").is_dir():
         sd = _sharded_state(policy, optimizer)
@@ -180,14 +169,6 @@ def load_checkpoint(ckpt: Path, policy, optimizer) -> dict:
     elif rng_file.is_file():
         set_rng_state(json.loads(rng_file.read_text()))
     return state
-
-
-def run_config(policy_dir: str | Path) -> dict | None:
-    """The resolved config recorded beside a policy (``policy/vlmaze_config.yaml``), or None."""
-    from omegaconf import OmegaConf
-
-    path = Path(policy_dir) / RUN_CONFIG
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

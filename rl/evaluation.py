@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from maze.core import Maze, load_suite
+from maze.analysis import count_loops, dead_end_stats, failure_class, junction_stats
+from maze.core import Maze
 from maze.env import EnvSettings
+from maze.suites import load_suite
 from models.engines.base import SamplingParams
-from rl.analysis import count_loops, dead_end_stats, failure_class, junction_stats
+from rl import dist as D
 from rl.rollout import Trajectory, rollout
 
 Player = Callable[[list[Maze], int], list[Trajectory]]  # (mazes, samples per maze) -> trajectories
@@ -86,7 +88,7 @@ def summarize(records: list[dict], samples: int = 1) -> dict:
         "mean_dead_end_entries": mean("dead_end_entries"),
         "dead_end_backtrack_rate": (sum(r["dead_end_backtracks"] for r in records)
                                     / max(1, sum(r["dead_end_entries"] for r in records))),
-        # first-visit moves out of junctions that went towards the goal (rl/analysis.py): reading vs guessing
+        # first-visit moves out of junctions that went towards the goal (maze/analysis.py): reading vs guessing
         "junction_accuracy": (sum(r.get("junction_right", 0) for r in records)
                               / max(1, sum(r.get("junction_decisions", 0) for r in records))),
     }
@@ -119,7 +121,6 @@ def evaluate_suites(player: Player, suites: list[str], samples: int = 1, rank: i
     records are gathered in suite order, so every rank returns the report a single process would write;
     the trajectories returned are this rank's own (rank 0's begin with each suite's first maze).
     """
-    from rl import dist as D
 
     report = {"suites": {}, "episodes": []}
     all_trajs = []

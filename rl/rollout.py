@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from maze.core import Maze
 from maze.env import SYSTEM_PROMPT, EnvSettings, MazeEnv
-from models.engines.base import ImageInput, Prompt, SamplingParams, derive_seed
+from models.engines.base import Engine, ImageInput, Prompt, SamplingParams, derive_seed
 
 IMAGE_SLOT = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -53,7 +53,6 @@ class Trajectory:
     actions: list[str] = field(default_factory=list)  # decoded text of each assistant turn
     infos: list[dict] = field(default_factory=list)  # env info after each turn
     finish: str = ""  # success | stop_wrong | max_turns | context
-    reward: float = 0.0  # set by rl.grpo.episode_reward
     images_dropped: int = 0  # images removed by env.max_images_in_context
     samples: list[TurnSample] = field(default_factory=list)  # env.history=K: each turn as trained (else empty)
 
@@ -175,7 +174,7 @@ _ROLLOUTS = itertools.count()
 
 
 @torch.no_grad()
-def rollout(engine, processor, mazes: list[Maze], group_size: int, env: EnvSettings,
+def rollout(engine: Engine, processor, mazes: list[Maze], group_size: int, env: EnvSettings,
             sampling: SamplingParams, progress: bool = False, desc: str = "rollout") -> list[Trajectory]:
     """Play ``group_size`` episodes on each maze; returns B*G trajectories, group-major.
 

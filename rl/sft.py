@@ -1,142 +1,95 @@
-"""SFT warm start: expert episodes as full multi-turn conversations (loss on assistant tokens).
+"""The SFT recipe: next-token loss on the assistant tokens of expert conversations (``rl/experts.py``),
+``algo.sft_epochs`` passes in shuffled batches of ``algo.sft_batch`` conversations split over ranks, on the same
+run set-up (``rl/run.py``) and update (``rl/update.py``) as GRPO.
 
-Experts: ``bfs`` (the shortest path from wherever the agent stands; the shipped start's), ``wall_follower``
-(the right-hand rule; every decision depends only on the walls next to the agent and its heading) and
-``greedy`` (depth-first search into the unvisited way nearest the goal, backing out of dead ends: navigation with
-memory but no lookahead, 0.41 of ``fixed64``). With ``algo.sft_lookahead`` the thought names the dead-end
-pockets next to the agent whatever the expert, so ``greedy`` + lookahead thoughts makes a start that sees the
-pockets but does not act on them: what the thought says and what pays is left for GRPO to connect.
-
-Each expert conversation is assembled exactly like a rollout (``rl.rollout.Conversation``), so
-SFT trains on the token layout the policy will later sample in. The expert's turn is
-``<action>MOVE</action><|im_end|>``; it ends with ``stop`` on the goal.
-
-With ``thought`` (``algo.sft_thought``, default on) each expert turn first says what the agent
-sees — ``<think>facing right; open up right</think><action>up</action>`` or ``<think>on the
-goal</think><action>stop</action>``, or with ``algo.sft_lookahead=K`` ``<think>open up down left; not
-down</think>`` (the open ways, and those that enter a pocket at most K cells deep) — the short thought the
-system prompt asks for. It gives every turn labels for what the move depends on, not only the move.
+    python train.py algo=sft                           # from the shipped start's config
+    python train.py algo=sft model.path=null algo.sft_lookahead=8   # from a random tiny model
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+import time
+from collections.abc import Callable
 
 import numpy as np
+import torch
+from omegaconf import DictConfig
 
-from maze.core import MOVES, Maze, dead_ends
-from maze.env import EnvSettings, format_action
-from rl.rollout import Conversation, Trajectory, TurnSample, start_episode, window_prompt
-
-EXPERTS = ("bfs", "wall_follower", "greedy")
-_EXPERT_POLICY = {"bfs": "oracle", "wall_follower": "wall_follower", "greedy": "greedy"}
-
-
-def thought(maze: Maze, position: tuple[int, int], facing: str, lookahead: int = 0) -> str:
-    """The expert's perception of its cell: the goal, or its heading and the open directions; with ``lookahead``
-    > 0, the open directions and those of them that enter a dead-end pocket at most ``lookahead`` cells deep
-    (``<think>open up down left; not down</think>``, ``maze.core.dead_ends``) instead of the heading."""
-    if position == maze.goal:
-        return "<think>on the goal</think>"
-    r, c = position
-    open_dirs = [m for m, (dr, dc) in MOVES.items() if maze.is_floor((r + dr, c + dc))]
-    if lookahead > 0:
-        pockets = dead_ends(maze, position, lookahead)
-        return f"<think>open {' '.join(open_dirs)}{'; not ' + ' '.join(pockets) if pockets else ''}</think>"
-    return f"<think>facing {facing}; open {' '.join(open_dirs)}</think>"
+from rl import dist as D
+from rl import faults
+from rl.experts import expert_dataset
+from rl.rollout import Trajectory
+from rl.run import Run
+from rl.update import StepBatch, token_tensors, training_rows, update_step
 
 
-def pockets(maze: Maze, position: tuple[int, int], lookahead: int) -> set[str]:
-    """The ways ``thought(..., lookahead)`` names as pockets at ``position`` (none on the goal)."""
-    return set() if tuple(position) == tuple(maze.goal) else set(dead_ends(maze, position, lookahead))
+def batch(trajs: list[Trajectory], n_real: int) -> StepBatch:
+    """An SFT batch: the assistant tokens of expert conversations (or, with ``env.history=K``, of their turns);
+    conversations past ``n_real`` are zero-weight stand-ins (a rank with no conversation this step still runs
+    the collectives)."""
+    rows, episode, _ = training_rows(trajs)
+    n_rows = sum(1 for i in episode if i < n_real)  # rows are in episode order
+    mask, rollout_lp = token_tensors(rows, n_rows)
+    return StepBatch(rows, mask, rollout_lp, torch.zeros(len(rows)), kept=list(range(n_rows)), kept_episodes=n_real)
 
 
-def random_start(maze: Maze, rng) -> Maze:
-    """``maze`` with its start moved to a uniformly random floor cell other than the goal.
-
-    Conversations that start anywhere cannot be solved from the text alone (the corner start lets a
-    policy dead-reckon its position from its own moves): the walls and the agent must be read from the
-    image. The layout stays the training sampler's, which no eval suite holds, so no variant is an eval maze.
-    """
-    import dataclasses
-
-    cells = [tuple(int(x) for x in rc) for rc in np.argwhere(maze.grid == 0) if tuple(rc) != maze.goal]
-    return dataclasses.replace(maze, start=cells[int(rng.integers(len(cells)))], placement="random_start")
+def loss(lp, ent, m, b, sel, width, g_tokens, g_seqs):
+    """Next-token loss of one micro-batch (``rl.update.accumulate``'s ``loss_fn``): the mean over the step's
+    assistant tokens."""
+    nll = -(lp * m).sum() / max(g_tokens, 1.0)
+    return nll, {"pg": nll.item()}
 
 
-def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
-                      noise: float = 0.0, seed: int = 0, max_turns: int = 0,
-                      with_thought: bool = False, lookahead: int = 0) -> Trajectory:
-    """One expert conversation; the expert answers from wherever the agent stands.
-
-    ``noise`` > 0 injects off-expert turns (DART-style): with that probability a uniformly random
-    move replaces the expert's, and that turn is left out of the loss (mask 0). The conversation
-    then holds what the policy itself will meet — bumps, their feedback, detours — each followed by
-    the expert's recovery, which is trained on. Without it the data never leaves the expert's path.
-    ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
-    ``with_thought`` prefixes each turn with ``thought(...)`` (trained on, except on noisy turns).
-    ``env.history=K``: each trained turn is also kept as its own ``TurnSample`` prompted exactly as a rollout
-    prompts it (``window_prompt``: the task, the last K turns, its frame), so SFT trains the per-turn policy GRPO
-    will sample; noisy turns are in the windows of later turns but are not samples.
-    """
-    from rl.policies import ACT, START_HEADING
-
-    if expert not in _EXPERT_POLICY:
-        raise ValueError(f"unknown SFT expert {expert!r}; choose from {', '.join(EXPERTS)}")
-    act = ACT[_EXPERT_POLICY[expert]]
-    rng = np.random.default_rng([seed, *maze.grid.shape])
-    budget = max_turns or 2 * env.turns_for(maze.size)
-    e, t = start_episode(maze, conv, replace(env, max_moves_per_turn=1), max_turns=budget)
-    parts = [{"image": t.images[0], "text": e.task_prompt}]
-    state: dict = {}
-    for turn in range(budget):
-        at_goal = e.position == maze.goal
-        think = thought(maze, e.position, state.get("heading", START_HEADING), lookahead) if with_thought else ""
-        off = noise > 0 and not at_goal and rng.random() < noise
-        move = list(MOVES)[int(rng.integers(4))] if off else act(e, state, rng)
-        if not env.require_stop and move == "stop":
-            break
-        text = think + format_action(move, env.interface)
-        ids = conv.tok.encode(text, add_special_tokens=False) + [conv.eos]
-        if env.history is not None and not off:
-            prompt, images = window_prompt(conv, parts, env.history, e.system_prompt)
-            t.samples.append(TurnSample(prompt + ids, [0] * len(prompt) + [1] * len(ids), [0.0] * (len(prompt)
-                                                                                                  + len(ids)),
-                                        images, turn))
-        t.append(ids, 0 if off else 1)
-        t.actions.append(text)
-        before = e.position
-        obs, _, terminated, truncated, info = e.step(text)
-        if e.position != before:
-            state["heading"] = move  # the heading (wall follower, thought) is the last move that moved
-        t.infos.append(info)
-        if terminated or truncated or (not env.require_stop and e.position == maze.goal):
-            t.append(conv.newline, 0)
-            break
-        image = conv.image(obs["image"])
-        parts[-1].update(response=ids, closed=True)
-        parts.append({"image": image, "text": obs["text"]})
-        t.images.append(image)
-        t.append(conv.next_turn(obs["text"], image, closed=True), 0)
-        while env.max_images_in_context and len(t.images) > env.max_images_in_context:
-            conv.drop_oldest_image(t)
-    t.finish = "success" if t.success else "max_turns"
-    return t
+def total_steps(cfg: DictConfig) -> int:
+    """Optimizer steps of the run: ``algo.sft_epochs`` passes over ``algo.sft_mazes`` conversations."""
+    return cfg.algo.sft_epochs * math.ceil(cfg.algo.sft_mazes / cfg.algo.sft_batch)
 
 
-def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
-    """``algo.sft_mazes`` expert conversations from the training sampler's stream (``conf/algo`` sft keys);
-    ``algo.sft_random_start`` of them start on a random floor cell."""
-    from maze.core import TrainSampler
-
+def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = None) -> float | None:
+    """The SFT loop (``plan``: the launch plan a fresh run prints). Returns the last eval's score on the first eval
+    suite."""
     a = cfg.algo
-    conv = Conversation(processor, keep_pixels=False)  # pixels are recomputed when a batch is scored
-    sampler = TrainSampler.from_config(cfg.env, cfg.trainer.seed)
-    sampler.set_progress(1.0)  # a curriculum is GRPO's: SFT draws the whole distribution
-    mazes = sampler.take(a.sft_mazes)
-    if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
-        rng = np.random.default_rng([cfg.trainer.seed, 7])
-        mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]
-    return [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
-                              max_turns=a.sft_max_turns, with_thought=a.sft_thought, lookahead=a.sft_lookahead)
-            for k, m in enumerate(mazes)]
+    run = Run.start(cfg, run_dir, total_steps(cfg), temperature=1.0, with_reference=False, plan=plan)
+    expert = expert_dataset(cfg, run.processor, run.env)
+    steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
+    for step in range(run.start_step, run.total_steps):
+        t_step = time.time()
+        fault = faults.due(run.faults, step + 1, run.rank, run.world)
+        epoch, k = divmod(step, steps_per_epoch)
+        order = np.random.default_rng([cfg.trainer.seed, epoch]).permutation(len(expert))
+        trajs = [expert[i] for i in order[k * a.sft_batch:(k + 1) * a.sft_batch][run.rank::run.world]]
+        n_real = len(trajs)
+        if not trajs:  # the last batch has fewer rows than ranks: a zero-weight stand-in keeps the collectives
+            trajs = [expert[order[0]]]
+        b = batch(trajs, n_real)
+
+        t0 = time.time()
+        run.policy.train()
+        stats, n_updates, skipped = update_step(run.policy, run.optimizer, b, [b.kept], a.micro_batch, a.grad_clip,
+                                                run.scoring, loss, fsdp=run.fsdp, ddp=run.ddp,
+                                                nan_fault="nan_loss" in fault)
+        run.scheduler.step()
+        t_update = time.time() - t0
+        run.check_nonfinite(step, skipped)
+        run.sync_weights()
+
+        step_done = step + 1
+        tot = {key: D.all_reduce_sum(v) for key, v in {
+            "n": float(n_real), "turns": float(sum(t.num_turns for t in trajs[:n_real])),
+            "tokens": float(sum(len(b.rows[i].token_ids) for i in b.kept)),
+            "trained": float(b.mask.sum())}.items()}
+        if run.writer is not None:
+            n_upd = max(n_updates, 1)
+            scalars = {"loss/total": stats["loss"] / n_upd, "loss/grad_norm": stats["grad_norm"] / n_upd,
+                       "sft/conversations": tot["n"], "sft/turns_mean": tot["turns"] / max(tot["n"], 1.0),
+                       "sft/trained_tokens": tot["trained"], "train/lr": run.scheduler.get_last_lr()[0],
+                       "train/skipped_update": float(skipped), "perf/update_s": t_update,
+                       "perf/step_s": time.time() - t_step,
+                       "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9)}
+            run.log(scalars, step_done)
+            D.print0(f"step {step_done}/{run.total_steps} (epoch {epoch + 1}) | loss {scalars['loss/total']:.4f} "
+                     f"gnorm {scalars['loss/grad_norm']:.3f} lr {scalars['train/lr']:.2e} | update {t_update:.1f}s")
+        if run.end_step(step_done, sleep_after_eval=True):
+            break
+    return run.close()

@@ -3,7 +3,7 @@
 For each ``RUN/checkpoints/step_N/policy`` it measures the two things a GRPO start needs:
 
 - ``greedy``: the greedy solve rate on ``--suite`` (default ``select64``, never ``fixed64``, which stays
-  a test set), at the environment's default turn budget;
+  a test set), at the environment's default turn budget, on the observation the checkpoint's run recorded;
 - ``mixed``: the fraction of GRPO groups (``--group-size`` samples of one training maze at T = 1) whose
   episodes have both outcomes, i.e. groups that carry a learning signal under the sparse success.
 
@@ -29,16 +29,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def measure(policy_dir: Path, suite: str, train_mazes: int, group_size: int, seed: int) -> dict:
     import torch
+    from omegaconf import OmegaConf
 
-    from maze.core import TrainSampler, load_suite
+    from conf.recorded import recorded
     from maze.env import EnvSettings
+    from maze.sampler import TrainSampler
+    from maze.suites import load_suite
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
     from rl.rollout import rollout
 
     torch.manual_seed(seed)
-    env = EnvSettings.from_config(_default_env())
+    # the observation the checkpoint's run trained on (its recorded env.*), over the defaults
+    default = _default_env()
+    env = EnvSettings.from_config(OmegaConf.merge(default, {k: v for k, v in recorded(policy_dir, "env").items()
+                                                            if k in default}))
     model, processor = load_policy_dir(policy_dir)
     engine = HFEngine(model, processor)
     greedy = rollout(engine, processor, list(load_suite(suite).mazes), 1, env,

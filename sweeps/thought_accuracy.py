@@ -24,7 +24,6 @@ About a minute for 32 mazes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -37,8 +36,7 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]], 
     ``trajs``: anything with ``maze``, ``actions`` (each turn's text) and ``infos`` (each turn's env info,
     ``position`` after the turn)."""
     from maze.core import MOVES, dead_ends, distances_from
-    from rl.grpo import against_thought, first_move, named_pockets
-    from rl.sft import pockets
+    from maze.thought import against_thought, first_move, named_open, named_pockets, open_ways, pockets
 
     c = dict(turns=0, open=0, pockets=0, true_pockets=0, missed=0, false=0, junctions=0, junction_right=0,
              into_true=0, into_true_named=0, into_named=0)
@@ -47,13 +45,12 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]], 
     for t in trajs:
         pos, dist = t.maze.start, distances_from(t.maze.grid, t.maze.goal)
         for text, info in zip(t.actions, t.infos):
-            said_open = re.search(r"open ([a-z ]+?)(;|</think>)", text)
             move = first_move(text)
             r, col = pos
-            true_open = [k for k, (dr, dc) in MOVES.items() if t.maze.is_floor((r + dr, col + dc))]
+            true_open = open_ways(t.maze, pos)
             true_not, named = pockets(t.maze, pos, lookahead), named_pockets(text)
             c["turns"] += 1
-            c["open"] += (said_open.group(1).split() if said_open else []) == true_open
+            c["open"] += named_open(text) == true_open
             c["pockets"] += named == true_not
             c["true_pockets"] += len(true_not)
             c["missed"] += len(true_not - named)
@@ -79,12 +76,12 @@ def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]], 
 
 
 def main() -> None:
-    from maze.core import load_suite
+    from conf.recorded import recorded
     from maze.env import EnvSettings
+    from maze.suites import load_suite
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
-    from rl.checkpoint import run_config
     from rl.rollout import rollout
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -96,8 +93,8 @@ def main() -> None:
     args = p.parse_args()
     model, processor = load_policy_dir(args.policy)
     mazes = list(load_suite(args.suite).mazes[:args.mazes])
-    recorded = run_config(args.policy)  # the observation and history the policy was trained with
-    env = EnvSettings.from_config(recorded["env"]) if recorded else EnvSettings()
+    env_record = recorded(args.policy, "env")  # the observation and history the policy was trained with
+    env = EnvSettings.from_config(env_record) if env_record else EnvSettings()
     trajs = rollout(HFEngine(model, processor), processor, mazes, 1, env,
                     SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
     c, by_depth, by_way = score(trajs, args.lookahead)

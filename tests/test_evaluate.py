@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import maze
+from maze.analysis import count_loops, dead_end_stats, failure_class
 from maze.core import MOVES, Maze
 from maze.env import EnvSettings
-from rl.analysis import count_loops, dead_end_stats, failure_class
 from rl.evaluation import evaluate_suites, pass_at_k, summarize, wilson_interval
 from rl.policies import play
 
@@ -93,7 +93,7 @@ def test_dead_end_detector_on_a_hand_built_maze():
 
 
 def test_junction_decisions_on_a_hand_built_maze():
-    from rl.analysis import junction_stats
+    from maze.analysis import junction_stats
 
     m = Maze.from_rows(["#######",
                         "#S....#",

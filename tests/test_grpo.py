@@ -142,10 +142,11 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
     from conf.schema import AlgoConfig, RewardConfig
     from maze import TrainSampler
     from maze.env import EnvSettings
+    from maze.rewards import episode_reward, turn_rewards
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
     from models.tiny import build_tiny
-    from rl.grpo import episode_reward, turn_rewards, turn_token_advantages
+    from rl.grpo import turn_token_advantages
     from rl.rollout import rollout
 
     model, processor = build_tiny(0)
@@ -164,7 +165,7 @@ def test_turn_rewards_sum_to_the_episode_reward_and_tokens_get_their_turns_advan
         mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
     algo = OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn"))
     episode = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    adv = turn_token_advantages(trajs, episode, mask, algo, shaped)
+    adv = turn_token_advantages(trajs, episode, [turn_rewards(t, shaped) for t in trajs], mask, algo)
     from models.forward import turn_index
     from rl.grpo import discounted_returns, turn_advantages
 
@@ -187,19 +188,13 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     from conf.schema import AlgoConfig, RewardConfig
     from maze import TrainSampler
     from maze.env import EnvSettings
+    from maze.rewards import episode_reward, turn_rewards
     from models.engines.base import SamplingParams
     from models.engines.hf import HFEngine
     from models.tiny import build_tiny
-    from rl.grpo import (
-        Scoring,
-        build_batch,
-        discounted_returns,
-        episode_reward,
-        group_advantages,
-        turn_advantages,
-        turn_rewards,
-    )
+    from rl.grpo import build_batch, discounted_returns, group_advantages, turn_advantages
     from rl.rollout import rollout
+    from rl.update import Scoring
 
     model, processor = build_tiny(0)
     engine = HFEngine(model, processor)
@@ -212,7 +207,7 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
     episode = group_advantages(rewards, 2)
     plain = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2, adv_level="episode")), scoring)
     turn = build_batch(trajs, rewards, OmegaConf.structured(AlgoConfig(group_size=2, adv_level="turn")), scoring,
-                       reward_cfg=shaped)
+                       turn_rewards=[turn_rewards(t, shaped) for t in trajs])
     per_turn = turn_advantages(episode, [discounted_returns(turn_rewards(t, shaped), 0.95) for t in trajs],
                                [[tuple(p) for p in t.path[:-1]] for t in trajs], 2)
     rows = [(i, s.turn) for i, t in enumerate(trajs) for s in t.samples]
@@ -226,10 +221,10 @@ def test_per_turn_rows_get_their_episodes_and_turns_advantages():
 
 
 def test_against_thought_is_a_move_into_a_way_the_same_turn_called_a_pocket():
-    """``rl.grpo.against_thought`` (logged as ``rollout/moves_against_thought``): the parsed first move, synonyms
+    """``maze.thought.against_thought`` (logged as ``rollout/moves_against_thought``): the parsed first move, synonyms
     included, against the pockets the turn's own thought named; no pocket named, another way, a stop, a malformed
     action or a pocket named only in free text are not against it."""
-    from rl.grpo import against_thought
+    from maze.thought import against_thought
 
     said = "<think>open up down left; not down left</think>"
     assert against_thought(said + "<action>down</action>")
@@ -250,9 +245,9 @@ def test_thought_reward_pays_turns_whose_thought_names_exactly_the_pockets():
 
     from conf.schema import RewardConfig
     from maze.core import MOVES, dead_ends, generate_maze
-    from rl.grpo import episode_reward, thought_reward, turn_rewards
+    from maze.rewards import episode_reward, thought_reward, turn_rewards
+    from maze.thought import thought
     from rl.rollout import Trajectory
-    from rl.sft import thought
 
     m = next(m for s in range(50) if dead_ends(m := generate_maze(size=9, seed=s), m.start, 8))
     pockets = dead_ends(m, m.start, 8)

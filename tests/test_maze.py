@@ -281,7 +281,7 @@ def test_fixed64_is_the_reference_set_with_its_invariants():
 
 @pytest.mark.skipif(not REFERENCE_JSON.is_file(), reason="../shared/reference is not beside this checkout")
 def test_fixed64_equals_the_reference_file_in_seed_order():
-    from maze.core import reference_mazes
+    from maze.suites import reference_mazes
 
     ref = reference_mazes(REFERENCE_JSON)
     fixed = maze.load_suite("fixed64").mazes
@@ -302,7 +302,7 @@ def test_corners4_draws_all_four_reference_corner_pairs():
 def test_corrupt_frozen_file_is_detected(tmp_path):
     import json
 
-    from maze.core import DATA_FILE, _load_file
+    from maze.suites import DATA_FILE, _load_file
 
     raw = json.loads(DATA_FILE.read_text())
     rows = raw["suites"]["fixed64"]["mazes"][0]["rows"]
@@ -519,7 +519,7 @@ def test_reference_interface_oracle_solves_fixed64_in_20_steps():
 
 
 def test_train_mix_draws_its_kinds_by_weight_and_never_an_eval_layout():
-    from maze.core import MixItem
+    from maze.sampler import MixItem
 
     mix = [MixItem(7), MixItem(11, "prim", placement="random"), MixItem(9, "kruskal", braid=0.5, weight=3)]
     drawn = maze.TrainSampler(mix=mix, seed=3).take(400)
@@ -531,7 +531,7 @@ def test_train_mix_draws_its_kinds_by_weight_and_never_an_eval_layout():
 
 
 def test_size_curriculum_unlocks_sizes_smallest_first():
-    from maze.core import MixItem
+    from maze.sampler import MixItem
 
     s = maze.TrainSampler(mix=[MixItem(7), MixItem(11), MixItem(15)], curriculum="size")
     s.set_progress(0.0)
@@ -608,7 +608,7 @@ POCKETS = ["#######",
 
 def test_dead_ends_are_the_goalless_pockets_within_the_lookahead():
     from maze.core import Maze, dead_ends
-    from rl.sft import thought
+    from maze.thought import thought
 
     m = Maze.from_rows(POCKETS)
     # from S: up is a pocket 2 cells deep, right one 6 cells deep, down leads to the goal

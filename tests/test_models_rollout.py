@@ -182,8 +182,8 @@ def test_sft_noise_turns_are_untrained_and_followed_by_expert_recoveries():
     from maze import TrainSampler
     from maze.env import EnvSettings
     from models.tiny import build_tiny
+    from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.sft import expert_trajectory
 
     _, processor = build_tiny(0)
     conv = Conversation(processor)
@@ -210,8 +210,8 @@ def test_sft_thought_names_the_open_directions_heading_and_goal():
     from maze.core import MOVES
     from maze.env import EnvSettings, parse_action
     from models.tiny import build_tiny
+    from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.sft import expert_trajectory
 
     _, processor = build_tiny(0)
     conv = Conversation(processor)
@@ -266,8 +266,8 @@ def test_tiny_vision_tower_tells_wall_from_floor_at_init():
 def test_random_start_moves_the_start_to_a_floor_cell_of_a_training_layout():
     import numpy as np
 
-    from maze.core import eval_layouts
-    from rl.sft import random_start
+    from maze.suites import eval_layouts
+    from rl.experts import random_start
 
     rng = np.random.default_rng(0)
     starts = set()
@@ -321,8 +321,8 @@ def test_history_window_trains_each_turn_on_the_context_it_was_sampled_with():
     from maze.env import EnvSettings as Settings
     from models.build import SHIPPED_SFT, load_policy_dir
     from models.forward import collate, token_logprobs
-    from rl.grpo import training_rows
     from rl.rollout import Conversation, window_prompt
+    from rl.update import training_rows
 
     model, processor = load_policy_dir(SHIPPED_SFT)
     mazes = maze.TrainSampler(seed=11).take(2)
@@ -424,9 +424,9 @@ def test_sft_per_turn_samples_are_the_rollouts_prompts(tiny, history):
     """``env.history=K`` SFT: each expert turn is a sample laid out exactly as a rollout prompts the same turn
     (replaying the expert's answers through ``rollout`` gives the same ids and frames), and the SFT batch trains
     exactly the answers."""
-    from rl.grpo import StepBatch
+    from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.sft import expert_trajectory
+    from rl.sft import batch as sft_batch
     from tests.test_fuzz_rollout import ScriptedEngine
 
     _, processor = tiny
@@ -441,7 +441,7 @@ def test_sft_per_turn_samples_are_the_rollouts_prompts(tiny, history):
         assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask and a.turn == b.turn
         assert [im.array.tobytes() for im in a.images] == [im.array.tobytes() for im in b.images]
         assert len(a.images) == min(a.turn, history) + 1
-    batch = StepBatch.for_sft([expert, expert], 1)  # the second is a zero-weight stand-in
+    batch = sft_batch([expert, expert], 1)  # the second is a zero-weight stand-in
     assert len(batch.rows) == 2 * len(expert.samples) and batch.kept == list(range(len(expert.samples)))
     assert int(batch.mask.sum()) == sum(len(x) for x in answers)
 
@@ -449,8 +449,8 @@ def test_sft_per_turn_samples_are_the_rollouts_prompts(tiny, history):
 def test_greedy_sft_expert_follows_its_search_through_noise_turns(tiny):
     """The ``greedy`` expert (depth-first search toward the goal) keeps a consistent search when SFT noise moves the
     agent for it (several noise turns in a row included): it reaches the goal and never stops anywhere else."""
+    from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.sft import expert_trajectory
 
     _, processor = tiny
     env = EnvSettings()

@@ -15,8 +15,8 @@ from models.forward import (
     token_logprobs,
 )
 from models.tiny import build_tiny
+from rl.experts import expert_trajectory
 from rl.rollout import Conversation
-from rl.sft import expert_trajectory
 
 
 def test_pack_rows_first_fit_decreasing():

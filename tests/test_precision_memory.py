@@ -11,8 +11,8 @@ from models.engines.base import banned_token_ids
 from models.forward import collate, compute_context, token_logprobs
 from models.tiny import build_tiny
 from rl import dist as D
+from rl.experts import expert_trajectory
 from rl.rollout import Conversation
-from rl.sft import expert_trajectory
 
 
 @pytest.fixture(scope="module")

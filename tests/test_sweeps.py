@@ -94,7 +94,7 @@ def test_thought_accuracy_tells_reading_faults_from_acting_faults():
     from types import SimpleNamespace
 
     from maze.core import MOVES, dead_ends, generate_maze
-    from rl.sft import thought
+    from maze.thought import thought
 
     spec = importlib.util.spec_from_file_location("thought_accuracy", Path(__file__).resolve().parents[1] / "sweeps"
                                                   / "thought_accuracy.py")

@@ -1,4 +1,4 @@
-"""Each algorithm key changes the update where it should and nowhere else (``rl.grpo.accumulate`` on a fixed
+"""Each algorithm key changes the update where it should and nowhere else (``rl.update.accumulate`` on a fixed
 batch of real trajectories through the tiny Qwen3-VL); the reward functions by hand."""
 
 from types import SimpleNamespace
@@ -10,11 +10,13 @@ from omegaconf import OmegaConf
 from conf.schema import AlgoConfig, RewardConfig
 from maze import TrainSampler
 from maze.env import EnvSettings
+from maze.rewards import episode_reward
 from models.engines.base import banned_token_ids
 from models.tiny import build_tiny
-from rl.grpo import Scoring, StepBatch, accumulate, episode_reward, frozen_logprobs
+from rl import grpo
+from rl.experts import expert_trajectory
 from rl.rollout import Conversation
-from rl.sft import expert_trajectory
+from rl.update import Scoring, StepBatch, accumulate, frozen_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def grad(setup, algo=None, **batch):
     a = OmegaConf.merge(OmegaConf.structured(AlgoConfig(micro_batch=3)), algo or {})
     b = StepBatch(trajs, mask, batch.pop("rollout_lp", lp), torch.linspace(-1, 1, len(trajs)), **batch)
     model.zero_grad(set_to_none=True)
-    accumulate(model, b, rows, a, s, sft=False)
+    accumulate(model, b, rows, a.micro_batch, s, grpo.loss(a))
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 

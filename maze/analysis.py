@@ -14,6 +14,9 @@ and invalid actions collapsed):
   stands there; it is *right* when it lowers the BFS distance to the goal. A policy that reads the maze makes
   them right; one that guesses is right about as often as chance (one of two or three ways). Corridor moves
   are not counted (their direction follows from the last junction).
+- per training step (``rollout_counts``, ``rollout_scalars``): bumps and revisits per episode, invalid actions,
+  moves into a way the turn's own thought called a pocket, and (``reward.thought_pockets``) thoughts that named the
+  pockets right, per turn.
 - failure class (one per failed episode, first match wins): stopped_wrong_cell, context_limit,
   then for time-outs: looping, stuck_in_dead_end, invalid_actions (over half the turns invalid),
   wall_bumping (over half the turns bumps), timed_out.
@@ -22,6 +25,8 @@ and invalid actions collapsed):
 from __future__ import annotations
 
 from maze.core import MOVES, Maze, distances_from, shortest_path
+from maze.rewards import thought_reward
+from maze.thought import against_thought
 
 
 def collapse(path: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -94,3 +99,28 @@ def failure_class(success: bool, finish: str, turns: int, loops: int, ended_in_d
     if turns and bumps > turns / 2:
         return "wall_bumping"
     return "timed_out"
+
+
+def rollout_counts(episodes, reward_cfg) -> dict[str, float]:
+    """This rank's sums over a training step's episodes (``rl.rollout.Trajectory``) of what the maze logs."""
+    return {
+        "bumps": float(sum(t.final_info.get("bumps", 0) for t in episodes)),
+        "revisits": float(sum(t.final_info.get("revisits", 0) for t in episodes)),
+        "invalid": float(sum(t.final_info.get("invalid_actions", 0) for t in episodes)),
+        # reward.thought_pockets: turns whose thought named the pockets right (0 when the reward is off)
+        "thought_right": float(sum(r > 0 for t in episodes for r in thought_reward(t, reward_cfg))),
+        # pocket thoughts (algo.sft_lookahead starts): moves into a way the turn's own thought called a pocket
+        "against_thought": float(sum(against_thought(text) for t in episodes for text in t.actions)),
+    }
+
+
+def rollout_scalars(tot: dict[str, float], reward_cfg) -> dict[str, float]:
+    """TensorBoard's ``rollout/`` maze scalars from ``rollout_counts`` summed over ranks, with ``n`` episodes and
+    ``turns`` turns."""
+    turns = max(tot["turns"], 1.0)
+    out = {"rollout/bumps_mean": tot["bumps"] / tot["n"], "rollout/revisits_mean": tot["revisits"] / tot["n"],
+           "rollout/invalid_rate": tot["invalid"] / turns,
+           "rollout/moves_against_thought": tot["against_thought"] / turns}
+    if reward_cfg.thought_pockets:
+        out["rollout/thought_pockets_right"] = tot["thought_right"] / turns
+    return out
