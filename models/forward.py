@@ -19,9 +19,12 @@ longest trajectory), and keeps each one exactly as it would be alone:
 - **positions**: Qwen3-VL's 3D mrope position ids are computed per trajectory (``get_rope_index``
   on it alone, its own images) and concatenated, each trajectory starting again at 0; the text
   position channel restarts at 0 for every trajectory too.
-- **attention**: no 2D attention mask is passed, so transformers derives a block-diagonal causal
-  mask from the restarting text positions (``masking_utils.find_packed_sequence_indices``):
-  a token attends only to earlier tokens of its own trajectory, under sdpa, eager and flash.
+- **attention**: no 2D attention mask is passed. Under sdpa and eager, transformers derives a block-diagonal
+  causal mask from the restarting text positions (``masking_utils.find_packed_sequence_indices``), whatever the
+  number of rows. Flash-attention takes no mask: transformers finds the trajectories' boundaries from the
+  positions only in a one-row batch (``modeling_flash_attention_utils._is_packed_sequence``) and otherwise runs
+  each row as one causal sequence, so under flash-attention (``packs_into_one_row``) a micro-batch is packed into
+  one row. Either way a token attends only to earlier tokens of its own trajectory.
 - **images**: pixel values and grid sizes follow the order the image tokens appear in the rows.
 
 ``packed_token_logprobs`` returns the same (N, T) matrices as ``token_logprobs`` on
@@ -301,6 +304,17 @@ def _positions(model, ids: torch.Tensor, image_token_id: int, grids: list[torch.
     return torch.cat([torch.arange(len(ids))[None], pos3], dim=0)
 
 
+def packs_into_one_row(model) -> bool:
+    """Whether the model's attention takes no mask and finds packed sequences from the position ids only in a
+    one-row batch: the flash-attention family (transformers gives them ``flash_attention_mask``, which returns no
+    mask for a batch without padding), read from the attention implementation the model's config names."""
+    # transformers' masking utilities: imported where a packed batch is built, not by the light modules above
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return impl is not None and ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl) is flash_attention_mask
+
+
 def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: int, image_token_id: int,
                  capacity: int = 0, share_images: bool = False) -> tuple[dict, list[tuple[int, int, int]]]:
     """Pack sequences into rows. Returns (model inputs, placement) with placement[i] = (row, start, length).
@@ -309,6 +323,8 @@ def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: 
     """
     share_images = share_images and encoder_outputs_supported(model)
     lengths = [len(s) for s in sequences]
+    if packs_into_one_row(model):  # flash-attention: the boundaries are found from the positions of one row only
+        capacity = sum(lengths)
     rows = pack_rows(lengths, capacity or max(lengths))
     width = max(sum(lengths[i] for i in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)

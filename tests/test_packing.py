@@ -1,5 +1,7 @@
 """Padding-free packing: logprobs equal to the padded batch, positions and attention per trajectory."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -117,3 +119,82 @@ def test_shared_image_encoding_gives_the_same_logprobs_and_gradients():
         assert g.keys() == ref_g.keys() and any("visual" in n for n in g)
         for n in g:
             torch.testing.assert_close(g[n], ref_g[n], atol=1e-5, rtol=1e-4)
+
+
+SPY = "vlmaze_flash_spy"
+
+
+def _flash_like(calls: list):
+    """An attention function that does what transformers' flash-attention path does with what it is given, in
+    plain torch on the CPU (``modeling_flash_attention_utils._flash_attention_forward``): explicit ``cu_seq_lens``
+    -> those sequences; a 2D padding mask -> each row's valid tokens; else sequences found from the position ids
+    only when the batch has one row (``_is_packed_sequence``); else every row is one sequence. Each call's
+    sequences are recorded."""
+    from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
+
+    def attend(module, q, k, v, attention_mask, scaling=None, dropout=0.0, position_ids=None, cu_seq_lens_q=None,
+               is_causal=None, **kwargs):
+        b, heads, length, dim = q.shape
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+        v = v.repeat_interleave(heads // v.shape[1], dim=1)
+        causal = module.is_causal if is_causal is None else is_causal
+        flat = [x.transpose(1, 2).reshape(b * length, heads, dim) for x in (q, k, v)]  # (B*L, H, D)
+        if cu_seq_lens_q is not None:
+            bounds = cu_seq_lens_q.tolist()
+        elif attention_mask is not None:  # right padding: each row's valid prefix, the rest left at zero
+            bounds = [(r * length, r * length + int(attention_mask[r].sum())) for r in range(b)]
+        elif position_ids is not None and _is_packed_sequence(position_ids, b):
+            bounds = prepare_fa_kwargs_from_position_ids(position_ids)[0][0].tolist()
+        else:
+            bounds = [r * length for r in range(b + 1)]
+        spans = bounds if isinstance(bounds[0], tuple) else list(zip(bounds[:-1], bounds[1:]))
+        calls.append((type(module).__name__, spans))
+        out = torch.zeros_like(flat[0])
+        for lo, hi in spans:
+            qs, ks, vs = (x[lo:hi].transpose(0, 1) for x in flat)  # (H, n, D)
+            out[lo:hi] = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=causal, scale=scaling).transpose(0, 1)
+        return out.view(b, length, heads, dim), None
+
+    return attend
+
+
+def test_packing_under_flash_attention_keeps_trajectories_apart(batch):
+    """Flash-attention gets no mask; transformers finds packed trajectories from the positions of a one-row batch
+    only. With a spy that attends as flash-attention would, the packed logprobs still equal the padded batch's
+    under sdpa, and no attention call spans two trajectories (several rows per micro-batch mixed them)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    from models.forward import packs_into_one_row
+
+    model, processor, trajs = batch
+    tok = processor.tokenizer
+    banned, pad, img = banned_token_ids(tok), tok.pad_token_id, model.config.image_token_id
+    seqs, ims = [t.token_ids for t in trajs], [t.images for t in trajs]
+    with torch.no_grad():
+        ref = token_logprobs(model, collate(seqs, ims, pad, img), banned, 1.0)
+    calls: list = []
+    AttentionInterface.register(SPY, _flash_like(calls))
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SPY, flash_attention_mask)
+    configs = (model.config, model.config.text_config, model.config.vision_config)
+    before = [c._attn_implementation for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation = SPY
+        assert packs_into_one_row(model)
+        with torch.no_grad():
+            # rows of 1,100 tokens: without one-row packing, two trajectories would share a row
+            lp = packed_token_logprobs(model, seqs, ims, pad, img, banned, 1.0, capacity=1100)
+    finally:
+        for c, impl in zip(configs, before):
+            c._attn_implementation = impl
+    assert not packs_into_one_row(model)
+    for i, t in enumerate(trajs):  # each trajectory scored as if alone
+        n = len(t.token_ids)
+        torch.testing.assert_close(lp[i, :n], ref[i, :n], atol=1e-5, rtol=0)
+    ends = set(itertools.accumulate(len(s) for s in sorted(seqs, key=len, reverse=True)))
+    text_calls = [spans for name, spans in calls if "Text" in name]
+    assert text_calls, "the language model's attention never ran through the spy"
+    for spans in text_calls:  # every sequence the language model attended over is one whole trajectory
+        assert {hi for _, hi in spans} <= ends, spans
