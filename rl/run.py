@@ -162,6 +162,7 @@ class Run:
     score: float | None = None
     stop_requested: dict = field(default_factory=dict)
     nonfinite_in_row: int = 0
+    engine_stale: bool = False  # the trainer's weights changed since the engine last got them
 
     @classmethod
     def start(cls, cfg: DictConfig, run_dir: str, total_steps: int, *, temperature: float, with_reference: bool,
@@ -212,9 +213,11 @@ class Run:
     # ---------------------------------------------------------------- during a step
     def sync_weights(self) -> None:
         """The engine gets the new weights, streamed one tensor at a time, in the compute dtype (vLLM; the hf
-        engine's copy under FSDP2); plain hf shares the trainer's module."""
+        engine's copy under FSDP2); plain hf shares the trainer's module. A recipe that generates only at evals
+        (SFT) sets ``engine_stale`` instead, and ``eval`` pushes once before it plays."""
         if self.push_weights:
             self.engine.update_weights(stream_full_weights(self.policy, self.compute_dtype))
+        self.engine_stale = False
 
     def check_nonfinite(self, step: int, skipped: bool) -> None:
         """Count steps in a row whose update was skipped for a non-finite loss or gradient; stop at
@@ -239,6 +242,8 @@ class Run:
         cfg = self.cfg
         if not cfg.trainer.eval_every or not cfg.trainer.eval_suites:
             return None
+        if self.engine_stale:
+            self.sync_weights()
         t0 = time.time()
         player = model_player(self.engine, self.processor, self.eval_env, cfg.algo.max_new_tokens,
                               progress=D.is_main())
@@ -283,7 +288,7 @@ class Run:
             self.score = self.eval(step_done)
             self.metrics_state["last_score"] = self.score
             if sleep_after_eval:
-                self.engine.sleep()  # hf: drop the eval's kept caches
+                self.engine.sleep()  # vLLM: free the GPU until the next eval; hf: drop the eval's kept caches
         stop = self.stop_requested["signal"]  # read once: a signal arriving between two reads would skip the save
         if last or stop or (t.save_every and step_done % t.save_every == 0):
             self.save(step_done)

