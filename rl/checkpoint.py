@@ -98,6 +98,16 @@ def _sharded_state(policy, optimizer) -> dict:
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _set_config_dtype(path: Path, dtype: str) -> None:
+    """Write ``dtype`` into an exported config.json and its sub-configs (``save_pretrained`` writes the dtype of
+    the module's parameters: the fp32 masters, over weights exported in the compute dtype)."""
+    config = json.loads(path.read_text())
+    for part in (config, *(v for v in config.values() if isinstance(v, dict) and "dtype" in v)):
+        if "dtype" in part:
+            part["dtype"] = dtype
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer=None, scheduler=None, sampler=None,
                     metrics: dict | None = None, keep_last: int = 0, export_dtype: torch.dtype | None = None,
                     config: dict | None = None) -> Path:
@@ -120,6 +130,8 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
         if export_dtype is not None:
             export = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in export.items()}
         policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export)
+        if export_dtype is not None:  # config.json names the exported weights' dtype, not the fp32 masters'
+            _set_config_dtype(tmp / "policy" / "config.json", str(export_dtype).removeprefix("torch."))
         save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
         if config is not None:
             OmegaConf.save(OmegaConf.create(config), tmp / "policy" / RUN_CONFIG)

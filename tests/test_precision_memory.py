@@ -124,3 +124,20 @@ def test_collectives_use_the_groups_device(monkeypatch):
         assert reached == []
     monkeypatch.setattr(torch.distributed, "get_backend", lambda *a: "gloo")
     assert D.all_reduce_sum(2.0) == 2.0 and reached == [torch.device("cpu")]
+
+
+def test_a_bf16_export_of_fp32_masters_says_bfloat16_in_its_config(tmp_path):
+    """The checkpoint's HF export holds the compute dtype's weights (``export_dtype``), and its config.json must say
+    so (it said float32, the masters' dtype, over bf16 weights); the live model keeps its fp32 config."""
+    import json
+
+    from models.build import load_policy_dir
+    from models.tiny import build_tiny
+    from rl.checkpoint import save_checkpoint
+
+    model, processor = build_tiny(0)
+    ckpt = save_checkpoint(tmp_path, 1, model.float(), processor, export_dtype=torch.bfloat16)
+    assert json.loads((ckpt / "policy" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert str(model.config.dtype).removeprefix("torch.") == "float32"
+    loaded, _ = load_policy_dir(ckpt / "policy", dtype="bfloat16")
+    assert next(loaded.parameters()).dtype == torch.bfloat16
