@@ -7,7 +7,8 @@ after, and the sweeps' curves, written as results/README.md + PNGs (no event fil
 ``--seeds`` is a multirun of the default job over ``trainer.seed`` (``python train.py -m
 trainer.seed=0,1,2``). Every final checkpoint and the start are evaluated greedily on ``--suites``
 with ``evaluate.py`` (skipped where ``<out>/eval/<name>/report.json`` already holds every suite); each
-``--sweep NAME=DIR`` is summarised with ``sweeps/summarize.py`` and its table and curves copied in.
+``--sweep NAME=DIR[:SUITE]`` is summarised with ``sweeps/summarize.py`` on SUITE (default fixed64; a recipe choice
+is shown on ``select64``, where it was made) and its table and curves copied in.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=Path, required=True)
     ap.add_argument("--start", type=Path, default=ROOT / "checkpoints" / "tiny_sft")
-    ap.add_argument("--sweep", action="append", default=[], help="NAME=DIR[+DIR...] (dirs pooled in one table)")
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="NAME=DIR[+DIR...][:SUITE] (dirs pooled in one table; SUITE: the eval suite, fixed64)")
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--notes", type=Path, default=None, help="markdown put under the intro (provenance)")
@@ -165,9 +167,10 @@ def main() -> None:
     lines += ["## GRPO learning curve (fixed64, mean ± std over seeds)", "", "![](curve_seeds.png)", ""]
     for spec in args.sweep:
         name, _, path = spec.partition("=")
+        path, _, suite = path.partition(":")
         dest = out / name
-        subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), *path.split("+"), "--out", str(dest)],
-                       check=True)
+        subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), *path.split("+"), "--out", str(dest),
+                        "--suite", suite or "fixed64"], check=True)
         shutil.copy(dest / "curves.png", out / f"curve_{name}.png")
         lines += [f"## Sweep: {name}", "", (dest / "summary.md").read_text().strip(), "",
                   f"![](curve_{name}.png)", ""]

@@ -41,7 +41,8 @@ def test_experiment_reference_8b_composes():
     cfg = _compose(["+experiment=reference_8b"])
     assert cfg.model.name == "qwen3_vl_8b" and cfg.cluster.nproc_per_node == 8 and cfg.engine.name == "vllm"
     # the reference's own GRPO, not the tiny CPU recipe's defaults: one advantage per episode, its lr, its reward
-    assert (cfg.algo.adv_level, cfg.algo.lr, cfg.reward.name) == ("episode", 1e-6, "sparse")
+    assert (cfg.algo.adv_level, cfg.algo.lr, cfg.algo.lr_schedule, cfg.reward.name) == ("episode", 1e-6, "constant",
+                                                                                        "sparse")
     assert (cfg.env.view, cfg.env.pixels_per_cell, cfg.env.interface) == ("global", 25, "reference")
     validate(cfg)
 
@@ -192,7 +193,7 @@ def test_first_three_losses_of_the_tiny_model_are_pinned(tmp_path):
                  "trainer.save_every=0", "trainer.steps=3", f"hydra.run.dir={tmp_path}",
                  # the settings the pin was made with, given so that it pins the code, not the defaults
                  "env.pixels_per_cell=8", "env.pad_before=8", "algo.adv_level=episode", "reward.revisit_penalty=0.02",
-                 "reward.wrong_stop_penalty=0"])
+                 "reward.wrong_stop_penalty=0", "algo.lr_schedule=constant"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
