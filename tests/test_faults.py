@@ -15,9 +15,11 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # reward=shaped + an entropy bonus make every step change the weights, even for a random policy
-BASE = ["reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.mazes_per_step=2", "algo.group_size=2",
-        "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0", "trainer.save_every=1",
-        "trainer.keep_last=0"]
+# a constant lr: the resume tests first run fewer steps than the run they resume into, and a cosine schedule
+# (the default's) depends on trainer.steps
+BASE = ["reward=shaped", "algo.entropy_coef=0.05", "algo.lr=0.01", "algo.lr_schedule=constant", "algo.mazes_per_step=2",
+        "algo.group_size=2", "env.max_turns=3", "algo.max_new_tokens=8", "trainer.eval_every=0",
+        "trainer.save_every=1", "trainer.keep_last=0"]
 
 
 def _train(args, timeout=600):
