@@ -40,7 +40,7 @@ from rl import dist as D
 from rl import faults, grpo
 from rl.metrics import logprob_gap, step_line, step_scalars
 from rl.rollout import rollout
-from rl.update import update_step
+from rl.update import merge_stats, update_step
 
 register()
 log = logging.getLogger("vlmaze")
@@ -145,8 +145,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:
                                                                           range(a.minibatches)], a.micro_batch,
                                        a.grad_clip, run.scoring, grpo.loss(a), fsdp=run.fsdp, ddp=run.ddp,
                                        gap_turns=gap_turns if epoch_i == 0 else None, nan_fault="nan_loss" in fault)
-            stats = {k: max(stats.get(k, 0.0), v) if k.endswith("_max") else stats.get(k, 0.0) + v
-                     for k, v in out.items()}
+            merge_stats(stats, out)
             n_updates, skipped = n_updates + n, skipped or skip
         run.scheduler.step()
         t_update = time.time() - t0
@@ -163,9 +162,9 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:
                  **rollout_counts(trajs, cfg.reward)}
         tot = {k: D.all_reduce_sum(v) for k, v in local.items()}
         gap_turns = D.all_reduce_sums(gap_turns)  # (2, turns)
-        if logprob_gap(gap_turns) > cfg.engine.logprob_gap_warn:
+        if (gap := logprob_gap(gap_turns)) > cfg.engine.logprob_gap_warn:
             log.warning("engine-vs-trainer logprob gap %.4f exceeds engine.logprob_gap_warn=%.4f",
-                        logprob_gap(gap_turns), cfg.engine.logprob_gap_warn)
+                        gap, cfg.engine.logprob_gap_warn)
         if run.writer is not None:
             scalars = {**step_scalars(tot, stats, n_updates, gap_turns, run.scheduler.get_last_lr()[0], skipped,
                                       {"rollout": t_rollout, "prepare": t_prepare, "update": t_update,

@@ -115,6 +115,13 @@ def micro_batches(rows: list[int], size: int, pad_row: int) -> list[tuple[list[i
     return out + [([pad_row], False)] * (total - own)
 
 
+def merge_stats(into: dict[str, float], out: dict[str, float]) -> dict[str, float]:
+    """Add ``out``'s loss statistics into ``into`` (a key ending in ``_max``: the maximum); returns ``into``."""
+    for key, v in out.items():
+        into[key] = max(into.get(key, 0.0), v) if key.endswith("_max") else into.get(key, 0.0) + v
+    return into
+
+
 def accumulate(policy, b: StepBatch, rows: list[int], micro_batch: int, s: Scoring, loss_fn: Callable, *,
                pad_row: int = 0, sharded: bool = False, ddp: bool = False, gap_turns: torch.Tensor | None = None,
                nan_fault: bool = False) -> dict:
@@ -136,8 +143,7 @@ def accumulate(policy, b: StepBatch, rows: list[int], micro_batch: int, s: Scori
             offset = b.first_turn[sel] if b.first_turn is not None else None
             gap_turns += torch.stack(gap_by_turn(lp, b.rollout_lp[sel, :width], m, gap_turns.shape[1], offset))
         loss, out = loss_fn(lp, ent, m, b, sel, width, g_tokens, g_seqs)
-        for key, v in out.items():
-            stats[key] = max(stats.get(key, 0.0), v) if key.endswith("_max") else stats.get(key, 0.0) + v
+        merge_stats(stats, out)
         if nan_fault:  # fault injection (rl.faults nan_loss)
             loss = loss * float("nan")
         if sharded:
@@ -161,8 +167,7 @@ def update_step(policy, optimizer, batch: StepBatch, rows_per_minibatch: list[li
         optimizer.zero_grad(set_to_none=True)
         out = accumulate(policy, batch, rows, micro_batch, s, loss_fn, sharded=fsdp, ddp=ddp, gap_turns=gap_turns,
                          nan_fault=nan_fault)
-        for key, v in out.items():
-            stats[key] = max(stats.get(key, 0.0), v) if key.endswith("_max") else stats.get(key, 0.0) + v
+        merge_stats(stats, out)
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         # the same decision on every rank (the norm is global; a local non-finite loss is not)
