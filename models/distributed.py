@@ -28,16 +28,18 @@ def mixed_precision_policy(compute_dtype: torch.dtype):
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32) -> None:
+def wrap_fsdp2(model, compute_dtype: torch.dtype = torch.float32, frozen: bool = False) -> None:
     """Shard ``model`` in place (vision tower, each decoder layer, root) with the mixed-precision policy.
 
-    ``reshard_after_forward`` is left to FSDP2: units reshard after their forward, the root keeps its gathered
-    embeddings and lm_head until backward (passing it explicitly would make the root regather them)."""
+    A trained model's ``reshard_after_forward`` is left to FSDP2: units reshard after their forward, the root keeps
+    its gathered embeddings and lm_head until backward (passing it explicitly would make the root regather them).
+    A ``frozen`` model (the KL reference: no-grad forwards, never a backward) reshards its root after each forward
+    too; left to FSDP2, its gathered embeddings and lm_head would stay on every rank for the whole run."""
     mp = mixed_precision_policy(compute_dtype)
     fully_shard(model.model.visual, mp_policy=mp)
     for layer in model.model.language_model.layers:
         fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    fully_shard(model, mp_policy=mp, **({"reshard_after_forward": True} if frozen else {}))
 
 
 def stream_full_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -99,7 +99,7 @@ def build_models(cfg: DictConfig, start_ckpt: Path | None, device: str, fsdp: bo
         reference, _ = load_policy(cfg.model, device)
         reference.eval().requires_grad_(False)
         if fsdp:
-            wrap_fsdp2(reference, compute_dtype)
+            wrap_fsdp2(reference, compute_dtype, frozen=True)
     return policy, processor, engine, reference, push_weights
 
 

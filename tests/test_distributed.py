@@ -178,3 +178,20 @@ def test_submitit_local_sweep_runs_each_job_under_torchrun(tmp_path):
     assert len(reports) == 2, sorted(str(p) for p in tmp_path.rglob("*"))[:40]
     logs = "".join(p.read_text() for p in tmp_path.rglob("*_log.out"))
     assert logs.count("relaunching under torchrun") == 2 and logs.count("--nproc-per-node=2") == 2, logs[-3000:]
+
+
+def test_the_kl_reference_reshards_its_root_after_each_forward(tmp_path):
+    """The reference built as a GRPO run with a KL term builds it (``rl.run.build_models``, FSDP2 on 2 gloo ranks):
+    after a no-grad forward every parameter is a shard again, embeddings and lm_head included (left to FSDP2, the
+    root kept them gathered for the whole run: ~2.5 GB a rank for Qwen3-VL-8B). The policy's root stays gathered
+    until its backward, as FSDP2 intends for a trained root."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(ROOT / "tests/scripts/reference_shards.py"), "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["parameters"] > 10 and r["before"] == {"reference": [], "policy": []}
+    assert r["reference"] == [], r["reference"]
+    assert "lm_head.weight" in r["policy"]  # the contrast: a trained root keeps its gathered weights for backward
