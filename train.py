@@ -30,7 +30,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from conf.schema import ConfigError, check_hardware, register, start_warnings, validate
-from launch import check_fits, final_score, launch_plan, needs_torchrun, relaunch_under_torchrun, write_slurm_script
+from launch import (
+    check_fits,
+    final_score,
+    launch_plan,
+    needs_torchrun,
+    relaunch_under_torchrun,
+    resolve_engine_memory,
+    write_slurm_script,
+)
 from maze.analysis import rollout_counts, rollout_scalars
 from maze.core import optimal_steps
 from maze.env import training_sizes
@@ -56,6 +64,7 @@ def main(cfg: DictConfig) -> float | None:
                 print(f"slurm job script: {write_slurm_script(cfg, HydraConfig.get().runtime.output_dir)}")
             return None
         check_fits(cfg)
+        resolve_engine_memory(cfg)  # engine.gpu_memory_utilization=0: the planned share of this GPU
         check_hardware(cfg, torch.cuda.device_count())
         if cfg.engine.name == "vllm":
             try:
@@ -107,6 +116,7 @@ def train(cfg: DictConfig, run_dir: str) -> float | None:
         sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens, seed=derive_seed(cfg.trainer.seed, step,
                                                                                              rank))
         run.policy.eval()
+        run.refresh_engine()  # the first step's engine (vLLM starts without weights; a resumed run's copy)
         run.engine.stats.update(prompt_tokens=0, prefilled_tokens=0)
         trajs = rollout(run.engine, run.processor, mazes, a.group_size, run.env, sampling, progress=D.is_main())
         cache_stats = dict(run.engine.stats)  # this rollout's prompt tokens, and those the engine had to prefill

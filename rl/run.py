@@ -73,20 +73,19 @@ def resume_point(cfg: DictConfig, run_dir: str) -> Path | None:
 
 
 def build_models(cfg: DictConfig, start_ckpt: Path | None, device: str, fsdp: bool, with_reference: bool):
-    """``(policy, processor, engine, reference, push_weights)`` (the module docstring's precision)."""
+    """``(policy, processor, engine, reference, push_weights)`` (the module docstring's precision). A vLLM engine
+    starts last, after the policy is sharded (so the GPU holds only the shards beside vLLM's budget), with random
+    weights: ``push_weights`` is true and ``Run.start`` pushes the trainer's weights before anything generates."""
     compute_dtype = DTYPES[cfg.model.dtype]
     model_cfg = cfg.model.copy()
     if start_ckpt is not None:
         model_cfg.path = str(start_ckpt / "policy")  # the structure; dcp/ then restores the fp32 masters
     policy, processor = load_policy(model_cfg, device)  # in the compute dtype
-    if cfg.engine.name == "vllm":  # started from these weights (compute dtype, unsharded), before they change
-        from models.engines.vllm import VLLMEngine  # optional: vllm is installed only where it runs
-
-        engine = VLLMEngine.from_config(cfg, policy, processor)
-    elif fsdp:  # the hf engine generates on an unsharded compute-dtype copy (FSDP2 forwards are collectives)
+    engine = None
+    if cfg.engine.name == "hf" and fsdp:  # an unsharded compute-dtype copy generates (FSDP2 forwards are collectives)
         engine = HFEngine(copy.deepcopy(policy).eval().requires_grad_(False), processor,
                           micro_batch=cfg.engine.micro_batch)
-    else:  # the hf engine shares the trainer's module (and its autocast)
+    elif cfg.engine.name == "hf":  # shares the trainer's module (and its autocast)
         engine = HFEngine(policy, processor, micro_batch=cfg.engine.micro_batch, compute_dtype=compute_dtype)
     push_weights = cfg.engine.name == "vllm" or fsdp
     policy.float()  # the fp32 master copy
@@ -100,6 +99,12 @@ def build_models(cfg: DictConfig, start_ckpt: Path | None, device: str, fsdp: bo
         reference.eval().requires_grad_(False)
         if fsdp:
             wrap_fsdp2(reference, compute_dtype, frozen=True)
+    if cfg.engine.name == "vllm":
+        from models.engines.vllm import VLLMEngine  # optional: vllm is installed only where it runs
+
+        if device == "cuda":
+            torch.cuda.empty_cache()  # vLLM sizes its budget from the device's free memory
+        engine = VLLMEngine.from_config(cfg, policy, processor)
     return policy, processor, engine, reference, push_weights
 
 
@@ -188,8 +193,6 @@ class Run:
             state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)
             scheduler.load_state_dict(state["scheduler"])
             sampler.load_state_dict(state["sampler"])
-            if push_weights:  # the engine starts from the restored masters, as the uninterrupted run's did
-                engine.update_weights(stream_full_weights(policy, compute_dtype))
             D.print0(f"resumed from {start_ckpt} at step {int(state['step'])}")
             start_step, metrics_state = int(state["step"]), state["metrics"]
         writer = None
@@ -206,6 +209,7 @@ class Run:
                   policy, processor, engine, reference, push_weights, env, eval_env, sampler, scoring, optimizer,
                   scheduler, total_steps, start_step, metrics_state, writer, fault_schedule,
                   stop_requested=stop_on_signals())
+        run.engine_stale = push_weights  # vLLM starts without the weights, a resumed run's engine copy is stale
         run.score = (run.eval(0) if start_step == 0 and cfg.trainer.eval_at_start
                      else metrics_state.get("last_score"))
         return run
@@ -218,6 +222,11 @@ class Run:
         if self.push_weights:
             self.engine.update_weights(stream_full_weights(self.policy, self.compute_dtype))
         self.engine_stale = False
+
+    def refresh_engine(self) -> None:
+        """Push the trainer's weights if the engine lacks them (``engine_stale``); before anything generates."""
+        if self.engine_stale:
+            self.sync_weights()
 
     def check_nonfinite(self, step: int, skipped: bool) -> None:
         """Count steps in a row whose update was skipped for a non-finite loss or gradient; stop at
@@ -242,8 +251,7 @@ class Run:
         cfg = self.cfg
         if not cfg.trainer.eval_every or not cfg.trainer.eval_suites:
             return None
-        if self.engine_stale:
-            self.sync_weights()
+        self.refresh_engine()
         t0 = time.time()
         player = model_player(self.engine, self.processor, self.eval_env, cfg.algo.max_new_tokens,
                               progress=D.is_main())

