@@ -31,6 +31,24 @@ def device_memory(cfg) -> tuple[float, str]:
     return float(cfg.cluster.gpu_memory_gib), "cluster.gpu_memory_gib: no GPU visible here"
 
 
+def engine_memory_utilization(cfg, gpu_gib: float, units=None) -> float:
+    """``engine.gpu_memory_utilization``, or where it is 0 (the default) the planned one: the largest fraction of
+    this GPU the trainer leaves free during rollouts (``models.memory.engine_fraction``); 0 off the GPU."""
+    if cfg.engine.gpu_memory_utilization > 0 or cfg.engine.name != "vllm" or gpu_gib <= 0:
+        return float(cfg.engine.gpu_memory_utilization)
+    return memory.engine_fraction(memory_plan(cfg, gpu_gib, units, gpu_util=0.0), gpu_gib)
+
+
+def resolve_engine_memory(cfg) -> None:
+    """Write the planned ``engine.gpu_memory_utilization`` into ``cfg`` (a vLLM job on a GPU with the key at 0),
+    so the engine, the logged config and the plan all hold the one figure."""
+    if cfg.engine.name != "vllm" or cfg.cluster.device != "cuda" or cfg.engine.gpu_memory_utilization > 0:
+        return
+    gib, _ = device_memory(cfg)
+    if gib > 0:
+        cfg.engine.gpu_memory_utilization = engine_memory_utilization(cfg, gib)
+
+
 def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
     """``models.memory.plan`` for this job (the architecture on the meta device, no weights; ``units`` reuses an
     earlier plan's count); ``changes`` try other settings: grad_ckpt, micro_batch, world, gpu_util."""
@@ -45,12 +63,28 @@ def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
     micro = changes.get("micro_batch", cfg.algo.micro_batch)
     rows = micro if cfg.algo.name != "sft" else min(micro, cfg.algo.sft_batch)
     seq = memory.sequence_tokens(cfg)
-    p = memory.plan(units, world=world, compute_bytes=4 if cfg.model.dtype == "float32" else 2,
-                    engine=cfg.engine.name, kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft",
-                    tokens=rows * seq,
-                    grad_ckpt=changes.get("grad_ckpt", cfg.model.gradient_checkpointing), gpu_gib=gpu_gib,
-                    gpu_util=changes.get("gpu_util", cfg.engine.gpu_memory_utilization), fsdp=fsdp)
-    return {**p, "units": units, "world": world, "fsdp": fsdp, "rows": rows, "seq": seq}
+    compute_bytes = 4 if cfg.model.dtype == "float32" else 2
+    kw = dict(world=world, compute_bytes=compute_bytes, engine=cfg.engine.name,
+              kl=cfg.algo.kl_coef > 0 and cfg.algo.name != "sft", tokens=rows * seq,
+              grad_ckpt=changes.get("grad_ckpt", cfg.model.gradient_checkpointing), gpu_gib=gpu_gib, fsdp=fsdp)
+    util = changes.get("gpu_util", cfg.engine.gpu_memory_utilization)
+    if util == 0 and cfg.engine.name == "vllm" and gpu_gib > 0:  # planned: what the trainer leaves free
+        util = memory.engine_fraction(memory.plan(units, **kw, gpu_util=0.0), gpu_gib)
+    p = memory.plan(units, **kw, gpu_util=util)
+    # a rank's rollout: its episodes at once, each up to ``seq`` tokens (every maze's group on one rank)
+    episodes = (cfg.algo.mazes_per_step * cfg.algo.group_size) // max(world, 1) if cfg.algo.name != "sft" else 0
+    return {**p, "units": units, "world": world, "fsdp": fsdp, "rows": rows, "seq": seq, "gpu_util": util,
+            "kv_tokens": memory.kv_cache_tokens(units, compute_bytes, gpu_gib, util) if cfg.engine.name == "vllm"
+            else 0, "rollout_tokens": episodes * seq}
+
+
+def engine_problem(cfg, p: dict) -> str | None:
+    """Why vLLM could not start in this plan's budget (its KV cache below one ``engine.max_model_len`` sequence,
+    which vLLM refuses at start), or None."""
+    if cfg.engine.name != "vllm" or cfg.cluster.device != "cuda" or p["kv_tokens"] >= cfg.engine.max_model_len:
+        return None
+    return (f"vLLM's budget (engine.gpu_memory_utilization={p['gpu_util']:.2f}) leaves a KV cache of "
+            f"{p['kv_tokens']} tokens, below one engine.max_model_len={cfg.engine.max_model_len} sequence")
 
 
 def check_fits(cfg) -> None:
@@ -63,19 +97,24 @@ def check_fits(cfg) -> None:
     if gib <= 0:
         return  # nothing to plan against (no GPU visible and no cluster.gpu_memory_gib)
     p = memory_plan(cfg, gib)
-    if p["peak"] <= gib * GIB:
+    if p["peak"] <= gib * GIB and not engine_problem(cfg, p):
         return
+    if p["peak"] <= gib * GIB:
+        raise ConfigError(f"{engine_problem(cfg, p)} on a {gib:.0f} GiB GPU ({source}): more GPUs (smaller shards "
+                          "leave vLLM more), algo.kl_coef=0 (no reference shard) or a smaller engine.max_model_len; "
+                          "dry_run=true prints the plan, cluster.ignore_memory_plan=true starts anyway")
     world = p["world"]
     tries = [("model.gradient_checkpointing=true", dict(grad_ckpt=True)),
              ("algo.micro_batch=1", dict(micro_batch=1)),
              ("model.gradient_checkpointing=true algo.micro_batch=1", dict(grad_ckpt=True, micro_batch=1))]
-    if cfg.engine.name == "vllm":
-        tries.append(("engine.gpu_memory_utilization=0.25", dict(gpu_util=0.25)))
+    if cfg.engine.name == "vllm" and cfg.engine.gpu_memory_utilization > 0:
+        tries.append(("engine.gpu_memory_utilization=0 (planned)", dict(gpu_util=0)))
     if world < 8:
         tries.append((f"{8 * cfg.cluster.nnodes} GPUs (cluster=8gpu)", dict(world=8 * cfg.cluster.nnodes)))
     if world < 16:
         tries.append(("16 GPUs (cluster=multinode cluster.nnodes=2)", dict(world=16)))
-    fixes = [name for name, change in tries if memory_plan(cfg, gib, p["units"], **change)["peak"] <= gib * GIB]
+    fixes = [name for name, change in tries
+             if (q := memory_plan(cfg, gib, p["units"], **change))["peak"] <= gib * GIB and not engine_problem(cfg, q)]
     raise ConfigError(
         f"the memory plan needs {p['peak'] / GIB:.1f} GiB per GPU (its {p['peak_phase']} phase) but the GPU has "
         f"{gib:.0f} GiB ({source}): " + (f"it would fit with {' or '.join(fixes)}" if fixes else
@@ -110,8 +149,20 @@ def launch_plan(cfg) -> str:
         "per-GPU memory plan (GiB; models/memory.py says what each line counts):",
         *memory.format_plan(p),
     ]
+    if cfg.engine.name == "vllm" and gib:
+        planned = "planned: the most the trainer leaves free" if cfg.engine.gpu_memory_utilization == 0 else "set"
+        lines.append(
+            f"vLLM: gpu_memory_utilization {p['gpu_util']:.2f} ({planned}), a KV cache of "
+            f"~{p['kv_tokens'] / 1e3:.0f} k "
+            f"tokens (the budget less {p['units'].total * (4 if cfg.model.dtype == 'float32' else 2) / GIB:.1f} GiB "
+            f"of weights and ~{memory.ENGINE_OVERHEAD_GIB:.0f} GiB of activations and graphs); a rank's rollout "
+            f"holds up to {p['rollout_tokens'] / 1e3:.0f} k ({p['rollout_tokens'] // max(p['seq'], 1)} episodes x "
+            f"{p['seq']})" + ("" if p["kv_tokens"] >= p["rollout_tokens"] else
+                              ": vLLM will queue or preempt the rest (slower rollouts, same samples)"))
     if gib:
-        verdict = "fits" if p["peak"] <= gib * memory.GIB else "DOES NOT FIT"
+        problem = engine_problem(cfg, p)
+        verdict = ("fits" if p["peak"] <= gib * memory.GIB and not problem else
+                   "DOES NOT FIT" + (f" ({problem})" if problem and p["peak"] <= gib * memory.GIB else ""))
         lines.append(f"device memory: {gib:.0f} GiB ({source}): {verdict}")
     return "\n".join(lines)
 

@@ -141,7 +141,9 @@ class RewardConfig:
 class EngineConfig:
     name: str = "hf"  # hf | vllm
     micro_batch: int = 64  # hf: episodes per generate call
-    gpu_memory_utilization: float = 0.35  # vllm
+    gpu_memory_utilization: float = 0.0  # vllm on GPU: its share of the GPU (weights, KV cache, activations); 0 =
+    # planned at start (launch.engine_memory_utilization): the most the trainer's shards leave free, e.g. 0.79 of
+    # an 80 GB H100 for Qwen3-VL-8B on 8 GPUs; vLLM refuses to start unless that share is free
     enforce_eager: bool = False  # vllm
     sleep_mode: bool = True  # vllm on GPU: free KV cache and offload weights during training
     max_model_len: int = 8192  # vllm
@@ -419,6 +421,9 @@ def validate(cfg) -> None:
                           "would train on nothing in every step; use algo.sft_batch >= the number of processes")
     if cfg.cluster.device == "cpu" and cfg.cluster.backend == "nccl":
         raise ConfigError("cluster.backend=nccl needs cluster.device=cuda")
+    if not 0 <= cfg.engine.gpu_memory_utilization < 1:
+        raise ConfigError(f"engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization} must be in [0, 1) (0: "
+                          "planned from the GPU's memory)")
     if cfg.engine.name == "vllm" and cfg.model.dtype == "float32" and cfg.cluster.device == "cuda":
         raise ConfigError("engine=vllm on GPU expects model.dtype=bfloat16")
     if cfg.trainer.resume not in ("auto", "never") and not cfg.trainer.resume:

@@ -95,6 +95,7 @@ class Units:
     hidden: int
     intermediate: int
     vocab: int
+    kv_per_token: int = 0  # KV-cache elements a token holds: 2 (K and V) x layers x KV heads x head dim
 
     @property
     def largest_unit(self) -> int:
@@ -116,7 +117,9 @@ def count_units(config) -> Units:
     text = config.text_config
     return Units(total=total, root=total - vision - layer * len(layers), vision=vision, layer=layer,
                  layers=len(layers), largest_tensor=max(p.numel() for p in params.values()),
-                 hidden=text.hidden_size, intermediate=text.intermediate_size, vocab=text.vocab_size)
+                 hidden=text.hidden_size, intermediate=text.intermediate_size, vocab=text.vocab_size,
+                 kv_per_token=2 * len(layers) * text.num_key_value_heads
+                 * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads))
 
 
 def image_tokens(cfg_env, cfg_model) -> int:
@@ -173,6 +176,32 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=totals.get)
     return {"phases": phases, "totals": totals, "peak_phase": peak, "peak": totals[peak]}
+
+
+ENGINE_HEADROOM_GIB = 4.0  # what vLLM's budget must leave besides the trainer: the CUDA context, NCCL's buffers,
+# vLLM's CUDA-graph pool (kept through sleep) and the caching allocator's slack
+ENGINE_OVERHEAD_GIB = 3.0  # inside vLLM's budget besides weights and KV cache: its profiled activation peak (a
+# 16,384-token prefill, the sampler, the vision encoder) and CUDA graphs (an estimate: vLLM logs the real figure)
+MAX_ENGINE_FRACTION = 0.9
+
+
+def engine_fraction(p: dict, gpu_gib: float) -> float:
+    """The largest ``gpu_memory_utilization`` the trainer leaves free while the engine runs: the GPU less the
+    rollout and sync phases' trainer bytes (``p`` planned with no vLLM budget) and ``ENGINE_HEADROOM_GIB``, in
+    hundredths, at most ``MAX_ENGINE_FRACTION``. vLLM checks at start that this fraction of the GPU is free,
+    and its wake-up after a sleep maps the same bytes again without checking."""
+    if gpu_gib <= 0:
+        return 0.0
+    trainer = max(sum(v for k, v in p["phases"][phase].items() if not k.startswith("vLLM"))
+                  for phase in ("rollout", "sync"))
+    free = gpu_gib * GIB - trainer - ENGINE_HEADROOM_GIB * GIB
+    return max(0.0, min(MAX_ENGINE_FRACTION, math.floor(100 * free / (gpu_gib * GIB)) / 100))
+
+
+def kv_cache_tokens(u: Units, compute_bytes: int, gpu_gib: float, gpu_util: float) -> int:
+    """Tokens vLLM's KV cache holds in its budget: the budget less the weights and ``ENGINE_OVERHEAD_GIB``."""
+    kv = gpu_util * gpu_gib * GIB - compute_bytes * u.total - ENGINE_OVERHEAD_GIB * GIB
+    return max(0, int(kv // (compute_bytes * max(u.kv_per_token, 1))))
 
 
 def format_plan(p: dict) -> list[str]:

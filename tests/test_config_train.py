@@ -123,7 +123,16 @@ def test_dry_run_plan_describes_what_the_code_keeps():
     assert train["fp32 master shards"] == round(4 * n / 8 / gib, 2) == train["fp32 gradient shards"]
     assert train["AdamW moments (fp32)"] == round(8 * n / 8 / gib, 2)
     assert not {"hf engine copy", "reference shard", "vLLM budget (weights, KV cache)"} & train.keys()
-    assert rollout["vLLM budget (weights, KV cache)"] == round(0.35 * 141, 2) and "fp32 gradient shards" not in rollout
+    assert "fp32 gradient shards" not in rollout
+    # vLLM's share planned: what the trainer keeps in the sync phase (masters, moments, one gathered bf16 tensor:
+    # the 151,936 x 4,096 lm_head) and 4 GiB of headroom, in hundredths of the GPU
+    trainer = 12 * n / 8 + 2 * 151936 * 4096
+    util = int(100 * (141 * gib - trainer - 4 * gib) / (141 * gib)) / 100
+    assert util == 0.87 and rollout["vLLM budget (weights, KV cache)"] == round(util * 141, 2)
+    kv_tokens = int((util * 141 * gib - 2 * n - 3 * gib) // (2 * 2 * 36 * 8 * 128))  # bf16 K and V, 36 layers
+    assert (f"vLLM: gpu_memory_utilization 0.87 (planned: the most the trainer leaves free), a KV cache of "
+            f"~{kv_tokens / 1e3:.0f} k tokens") in out
+    assert "a rank's rollout holds up to 234 k (32 episodes x 7300)\n" in out  # 32 mazes x 8 samples / 8 ranks
     optimizer = _plan_line(out, "optimizer")  # after backward: torch's foreach AdamW takes sqrt of every moment
     assert optimizer["foreach AdamW temporary (fp32)"] == round(4 * n / 8 / gib, 2) == optimizer["fp32 master shards"]
     assert "activations" not in optimizer
@@ -255,6 +264,29 @@ def test_a_gpu_run_the_memory_plan_says_does_not_fit_fails_at_start_naming_the_p
     plan = _run([*one_gpu, "dry_run=true"], timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
     assert plan.returncode == 0 and "peak: optimizer phase, 163.30 GiB per GPU" in plan.stdout
     assert "device memory: 141 GiB (cluster.gpu_memory_gib: no GPU visible here): DOES NOT FIT" in plan.stdout
+
+
+def test_vllms_share_of_an_h100_is_planned_and_a_kv_cache_below_one_sequence_is_refused(tmp_path):
+    """On an 80 GB H100 the reference run's planned share leaves a KV cache above what a rank's rollout holds (the
+    fixed 0.35 of before held ~60 k tokens against 234 k); a set share is kept as given; a budget whose KV cache
+    cannot hold one engine.max_model_len sequence (vLLM refuses to start) fails at start in one line."""
+    h100 = ["+experiment=reference_8b", "cluster.gpu_memory_gib=80", f"hydra.run.dir={tmp_path}"]
+    plan = _run([*h100, "dry_run=true"], env_extra={"HF_HUB_OFFLINE": "1"})
+    assert plan.returncode == 0, plan.stderr
+    line = next(ln for ln in plan.stdout.splitlines() if ln.startswith("vLLM: "))
+    kv = int(re.search(r"a KV cache of ~(\d+) k tokens", line).group(1))
+    assert "gpu_memory_utilization 0.78 (planned" in line and kv > 234, line
+    assert "device memory: 80 GiB (cluster.gpu_memory_gib: no GPU visible here): fits" in plan.stdout
+    fixed = _run([*h100, "dry_run=true", "engine.gpu_memory_utilization=0.35"], env_extra={"HF_HUB_OFFLINE": "1"})
+    fixed_line = next(ln for ln in fixed.stdout.splitlines() if ln.startswith("vLLM: "))
+    assert "gpu_memory_utilization 0.35 (set)" in fixed_line and "vLLM will queue or preempt the rest" in fixed_line
+    assert int(re.search(r"a KV cache of ~(\d+) k tokens", fixed_line).group(1)) < 100  # of the 234 k
+    long = _run([*h100, "engine.max_model_len=400000"], timeout=120, env_extra={"HF_HUB_OFFLINE": "1"})
+    lines = [ln for ln in long.stderr.splitlines() if ln.strip()]
+    assert long.returncode == 2 and len(lines) == 1, long.stderr
+    assert lines[0].startswith("config error: vLLM's budget (engine.gpu_memory_utilization=0.78) leaves a KV cache "
+                               "of ") and "below one engine.max_model_len=400000 sequence on a 80 GiB GPU" in lines[0]
+    assert round(int(re.search(r"a KV cache of (\d+) tokens", lines[0]).group(1)) / 1e3) == kv  # the plan's figure
 
 
 def test_cluster_8gpu_on_this_cpu_machine_is_one_line(tmp_path):
