@@ -166,6 +166,9 @@ class ClusterConfig:
     gpu_memory_gib: float = 0.0  # GiB of one GPU to plan for when none is visible (a dry run elsewhere); a visible
     # GPU's own size wins
     ignore_memory_plan: bool = False  # start a GPU job whose memory plan exceeds its GPU (launch.check_fits)
+    collective_timeout_min: float = 30.0  # how long a collective waits for the slowest rank before the job fails:
+    # above the longest a rank works alone (its share of a checkpoint's hashing, a long eval episode); torch's
+    # default is 10 minutes under NCCL
     partition: str = ""  # slurm
     timeout_min: int = 240  # slurm
     cpus_per_task: int = 64  # slurm
@@ -421,6 +424,8 @@ def validate(cfg) -> None:
                           "would train on nothing in every step; use algo.sft_batch >= the number of processes")
     if cfg.cluster.device == "cpu" and cfg.cluster.backend == "nccl":
         raise ConfigError("cluster.backend=nccl needs cluster.device=cuda")
+    if cfg.cluster.collective_timeout_min <= 0:
+        raise ConfigError(f"cluster.collective_timeout_min={cfg.cluster.collective_timeout_min} must be > 0 (minutes)")
     if not 0 <= cfg.engine.gpu_memory_utilization < 1:
         raise ConfigError(f"engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization} must be in [0, 1) (0: "
                           "planned from the GPU's memory)")

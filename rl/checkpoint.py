@@ -11,9 +11,10 @@ Layout of one checkpoint:
     metrics.json       anything the loop wants back on resume (e.g. the last eval score)
     manifest.json      sha256 and size of every file above; written last, by rank 0
 
-Every rank writes into ``.tmp_step_<N>``; after a barrier rank 0 writes the manifest, fsyncs and renames it
-into place, so a crash never leaves a half-written ``step_<N>``. Loading verifies the manifest on rank 0
-and broadcasts the choice; a corrupt checkpoint is reported in one line and the previous good one is used.
+Every rank writes into ``.tmp_step_<N>``; after a barrier each rank fsyncs and hashes its share of the files (about
+equal bytes: the DCP shards, the export's 2 GB shards), rank 0 writes the manifest, fsyncs and renames the dir into
+place, so a crash never leaves a half-written ``step_<N>``. Verifying spreads the hashing the same way; a corrupt
+checkpoint is reported in one line and the previous good one is used.
 """
 
 from __future__ import annotations
@@ -54,17 +55,46 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dirs(root: Path) -> None:
     for d in sorted({p.parent for p in root.rglob("*")} | {root}):
         fd = os.open(d, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
+    """This rank's files of ``sizes`` (name -> bytes), so that every rank hashes about the same number of bytes:
+    largest first, each to the rank with the fewest bytes so far. Every rank computes the same split."""
+    load = [0] * world
+    mine = []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        load[r] += sizes[name]
+        if r == rank:
+            mine.append(name)
+    return mine
+
+
+def _hash_share(root: Path, names: list[str], fsync: bool) -> dict[str, dict]:
+    """sha256 and size of this rank's ``share`` of ``names`` (each fsynced first when ``fsync``), gathered from
+    every rank into one dict (a collective)."""
+    sizes = {n: (root / n).stat().st_size for n in names}
+    mine = {}
+    for n in share(sizes, D.rank(), D.world_size()):
+        if fsync:
+            _fsync_file(root / n)
+        mine[n] = {"sha256": _sha256(root / n), "bytes": sizes[n]}
+    merged = {}
+    for part in D.all_gather_objects(mine):
+        merged.update(part)
+    return {n: merged[n] for n in sorted(merged)}
 
 
 def rng_state() -> dict:
@@ -125,19 +155,18 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
     if optimizer is not None:
         _dcp(dcp.save, _sharded_state(policy, optimizer), tmp / "dcp")
     (tmp / "rng" / f"rank_{D.rank()}.json").write_text(json.dumps(rng_state()))
-    export = full_state_dict(policy, cpu_offload=True) if D.world_size() > 1 else policy.state_dict()
+    sharded = any(hasattr(p, "full_tensor") for p in policy.parameters())  # FSDP2, one rank (cluster=1gpu) included
+    export = full_state_dict(policy, cpu_offload=True) if sharded or D.world_size() > 1 else policy.state_dict()
     if D.is_main():
         if export_dtype is not None:
             export = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in export.items()}
-        policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export)
+        # shards of at most 2 GB, so the hashing below spreads over the ranks (16 GB in one file would be one rank's)
+        policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=export, max_shard_size="2GB")
         if export_dtype is not None:  # config.json names the exported weights' dtype, not the fp32 masters'
             _set_config_dtype(tmp / "policy" / "config.json", str(export_dtype).removeprefix("torch."))
         save_processor(processor, tmp / "policy")  # a full Qwen3VLProcessor: vLLM loads it
         if config is not None:
             OmegaConf.save(OmegaConf.create(config), tmp / "policy" / RUN_CONFIG)
-    del export
-    D.barrier()
-    if D.is_main():
         state = {"step": step, "world_size": D.world_size()}
         if scheduler is not None:
             state["scheduler"] = scheduler.state_dict()
@@ -147,11 +176,17 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
             os.kill(os.getpid(), signal.SIGKILL)  # half-written: policy/ and dcp/ exist, the rest does not
         torch.save(state, tmp / "trainer_state.pt")
         (tmp / "metrics.json").write_text(json.dumps(metrics or {}))
-        files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest = {"step": step, "files": {str(p.relative_to(tmp)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
-                                            for p in files}}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        _fsync_tree(tmp)
+    del export
+    D.barrier()
+    # every rank fsyncs and hashes its share of the files (by bytes: the DCP shards, the export's shards), rank 0
+    # lists them and writes the manifest; a checkpoint's cost is spread, not one rank's while the others wait
+    names = D.broadcast_object(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+                               if D.is_main() else None)
+    files = _hash_share(tmp, names, fsync=True)
+    if D.is_main():
+        (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+        _fsync_file(tmp / "manifest.json")
+        _fsync_dirs(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -192,8 +227,9 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def verify(ckpt: Path) -> str | None:
-    """None if the checkpoint matches its manifest, else the reason it does not."""
+def verify(ckpt: Path, rank: int = 0, world: int = 1) -> str | None:
+    """None if the checkpoint matches its manifest, else the reason it does not. Every file's presence and size
+    is checked; with ``world`` > 1 only this ``rank``'s ``share`` of them is hashed."""
     manifest_path = ckpt / "manifest.json"
     if not manifest_path.is_file():
         return "no manifest.json (incomplete write)"
@@ -207,18 +243,23 @@ def verify(ckpt: Path) -> str | None:
             return f"missing file {rel}"
         if p.stat().st_size != meta["bytes"]:
             return f"{rel} has {p.stat().st_size} bytes, manifest says {meta['bytes']}"
-        if _sha256(p) != meta["sha256"]:
+    mine = share({rel: meta["bytes"] for rel, meta in manifest["files"].items()}, rank, world)
+    for rel in sorted(mine):
+        if _sha256(ckpt / rel) != manifest["files"][rel]["sha256"]:
             return f"{rel} checksum mismatch"
     return None
 
 
-def latest_valid(run_dir: str | Path) -> Path | None:
-    """Newest checkpoint that verifies; each corrupt newer one is reported in one line."""
-    for ckpt in reversed(list_checkpoints(run_dir)):
-        problem = verify(ckpt)
-        if problem is None:
+def find_resume_point(run_dir: str | Path) -> Path | None:
+    """Newest checkpoint that verifies, each rank hashing its share of it (a collective under torchrun: every rank
+    calls it); each corrupt newer one is reported in one line."""
+    found = D.broadcast_object([str(p) for p in list_checkpoints(run_dir)] if D.is_main() else None)
+    for ckpt in map(Path, reversed(found)):
+        problems = [p for p in D.all_gather_objects(verify(ckpt, D.rank(), D.world_size())) if p]
+        if not problems:
             return ckpt
-        log.warning("skipping corrupt checkpoint %s: %s", ckpt, problem)
+        if D.is_main():
+            log.warning("skipping corrupt checkpoint %s: %s", ckpt, problems[0])
     return None
 
 
@@ -228,9 +269,3 @@ def load_trainer_state(ckpt: Path) -> dict:
     state["metrics"] = json.loads((ckpt / "metrics.json").read_text())
     return state
 
-
-def find_resume_point(run_dir: str | Path) -> Path | None:
-    """``latest_valid`` on rank 0 (hashing every file once, not once per rank), broadcast to every rank."""
-    found = latest_valid(run_dir) if D.is_main() else None
-    found = D.broadcast_object(str(found) if found is not None else None)
-    return Path(found) if found is not None else None

@@ -9,14 +9,33 @@ tensors, wherever the collective ran.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-def init(backend: str) -> None:
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+def init(backend: str, timeout_min: float | None = None) -> None:
+    """The default process group; ``timeout_min``: how long a collective waits for the slowest rank (torch's
+    default, 10 minutes for NCCL, 30 for gloo, when None).
+
+    Under torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``) the group's keys are prefixed with the restart
+    attempt: the agent keeps one store across restarts and torch no longer prefixes per attempt, so the workers of
+    a restart could read the previous attempt's addresses (a rank killed and restarted: its peer connected to the
+    dead process and gloo's connect hung or was refused, in about half the runs here)."""
+    if dist.is_initialized():
+        return
+    timeout = timedelta(minutes=timeout_min) if timeout_min is not None else None
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              int(os.environ["WORLD_SIZE"]), is_master=False,
+                              timeout=timeout or timedelta(minutes=30))
+        store = dist.PrefixStore(f"vlmaze/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(backend=backend, store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
+    else:
+        dist.init_process_group(backend=backend, **kwargs)
 
 
 def is_initialized() -> bool:
@@ -70,13 +89,13 @@ def _reduce(values: torch.Tensor, op) -> torch.Tensor:
 def all_reduce_sum(value: float) -> float:
     if not dist.is_initialized():
         return float(value)
-    return float(_reduce(torch.tensor([float(value)]), dist.ReduceOp.SUM)[0])
+    return float(_reduce(torch.tensor([float(value)], dtype=torch.float64), dist.ReduceOp.SUM)[0])
 
 
 def all_reduce_max(value: float) -> float:
     if not dist.is_initialized():
         return float(value)
-    return float(_reduce(torch.tensor([float(value)]), dist.ReduceOp.MAX)[0])
+    return float(_reduce(torch.tensor([float(value)], dtype=torch.float64), dist.ReduceOp.MAX)[0])
 
 
 def all_reduce_sums(values: torch.Tensor) -> torch.Tensor:
@@ -119,18 +138,26 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _sharded(model) -> bool:
+    return any(hasattr(p, "to_local") for p in model.parameters())
+
+
 def params_checksum(model) -> float:
-    """A float64 fingerprint of the full parameters (FSDP2 shards are gathered first, one at a time)."""
+    """A float64 fingerprint of the full parameters: each weighted by its index, summed. FSDP2: each rank sums its
+    own shards and the sums are added over ranks (a collective; no parameter is gathered)."""
     total = torch.zeros((), dtype=torch.float64)
     for k, p in enumerate(model.parameters()):
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        total += full.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum().cpu()
-    return float(total)
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum().cpu()
+    return all_reduce_sum(float(total)) if _sharded(model) else float(total)
 
 
 def check_in_sync(model) -> float:
-    """Raise if the ranks' weights differ; returns the checksum."""
+    """Raise if the ranks' weights differ (each rank holds a full copy: one process, DDP); returns the checksum.
+    Under FSDP2 every rank holds its own shards, so there is no copy to compare: the checksum is their sum."""
     value = params_checksum(model)
+    if _sharded(model):
+        return value
     values = all_gather_objects(value)
     if max(values) - min(values) > 1e-6 * max(1.0, abs(value)):
         raise RuntimeError(f"ranks out of sync: parameter checksums {values}")

@@ -195,3 +195,32 @@ def test_the_kl_reference_reshards_its_root_after_each_forward(tmp_path):
     assert r["parameters"] > 10 and r["before"] == {"reference": [], "policy": []}
     assert r["reference"] == [], r["reference"]
     assert "lm_head.weight" in r["policy"]  # the contrast: a trained root keeps its gathered weights for backward
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_checkpoint_is_hashed_by_every_rank_a_share_each(tmp_path, ranks):
+    """Saving and verifying an FSDP2 checkpoint on gloo ranks: each rank hashes (and fsyncs) its share of the files,
+    the shares together cover the manifest once, and with 2 ranks neither holds much more than half the bytes (rank
+    0 hashed all of it before, while the others waited on a barrier); the resume search finds the checkpoint; the
+    process group's timeout is cluster.collective_timeout_min's; the save's sync check gathers nothing under FSDP2.
+    One rank is cluster=1gpu's shape (FSDP2 at world size 1), whose export failed to save before."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                           str(ROOT / "tests/scripts/checkpoint_ranks.py"), "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    files = out[0]["files"]
+    saving = [set(r["saving"]) for r in out]
+    assert all(saving) and set.union(*saving) == set(files) and sum(map(len, saving)) == len(files)
+    assert [set(r["verifying"]) for r in out] == saving  # verifying splits the files the same way
+    total = sum(files.values())
+    if ranks == 2:
+        assert max(sum(files[f] for f in s) for s in saving) < 0.7 * total, [sum(files[f] for f in s) for s in saving]
+    assert "policy/model.safetensors" in files and "dcp/.metadata" in files
+    assert all(r["chosen"].endswith("checkpoints/step_1") and r["timeout_s"] == 420.0 for r in out)
+    # the save's sync check under FSDP2: the sum of the shards' checksums, the gathered weights' fingerprint,
+    # without gathering a parameter (the old check gathered every one to compare copies equal by construction)
+    assert all(r["gathers"] == 0 and abs(r["checksum"] - r["gathered_checksum"]) < 1e-9 * abs(r["checksum"])
+               for r in out), out
