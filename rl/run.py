@@ -50,7 +50,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 def start_ranks(cfg: DictConfig) -> tuple[int, int, str]:
     """Process group (under torchrun), device, CPU threads and seeds: ``(rank, world, device)``."""
     if D.under_torchrun():
-        D.init(cfg.cluster.backend)
+        D.init(cfg.cluster.backend, cfg.cluster.collective_timeout_min)
     rank, world = D.rank(), D.world_size()
     device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
     if device == "cuda":
@@ -277,6 +277,7 @@ class Run:
 
     def save(self, step: int) -> None:
         """An atomic checkpoint of every rank's state (rl/checkpoint.py), with the resolved config."""
+        t0 = time.time()
         checksum = D.check_in_sync(self.policy)  # every rank must hold the same weights
         if D.world_size() > 1:
             D.print0(f"ranks in sync at step {step}: parameter checksum {checksum:.6f}")
@@ -285,7 +286,7 @@ class Run:
                                        {"last_score": self.metrics_state.get("last_score")},
                                        keep_last=self.cfg.trainer.keep_last, export_dtype=self.compute_dtype,
                                        config=OmegaConf.to_container(self.cfg, resolve=True))
-        D.print0(f"saved {path}")
+        D.print0(f"saved {path} in {time.time() - t0:.1f} s")
 
     def end_step(self, step_done: int, sleep_after_eval: bool = False) -> bool:
         """Eval every ``trainer.eval_every`` steps and at the last; save every ``trainer.save_every``, at the last
