@@ -107,8 +107,11 @@ def test_killed_rank_restarts_under_torchrun_and_finishes(tmp_path):
     import psutil
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the restarted workers once read the previous attempt's addresses from torchrun's store (gloo's connect hung or
+    # was refused in 4 of 9 runs; rl.dist.init prefixes the keys by attempt: 6 of 6 after); a one-minute collective
+    # timeout makes any such hang fail here in a minute
     args = ["cluster=cpu2", "cluster.max_restarts=2", "cluster.rdzv_endpoint=localhost:29531", "trainer.steps=4",
-            f"hydra.run.dir={tmp_path}"]
+            "cluster.collective_timeout_min=1", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
