@@ -110,6 +110,7 @@ def _restore_input_norms(worker) -> int:
     load keeps. The dummy loader fills every persistent buffer with random values and a weight push never reaches
     these (they are not in the model's state dict), so the tower would see pixels scaled at random. Returns how
     many it set."""
+    # vLLM's on-device normalisation, imported where it is set (older vLLMs lack it: check_vllm_api says so)
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.fusion.mm_input_norm import FusedMMInputNorm, build_mm_input_norm
 
