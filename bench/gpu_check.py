@@ -2,8 +2,11 @@
 its known config: nothing is downloaded) with as many decoder layers as the memory plan says fit one GPU, in
 train.py's precision and code path: fp32 master weights and AdamW, FSDP2 (world size 1) casting to bf16 for
 compute, gradient checkpointing, ``rl.update.accumulate`` over multi-turn maze conversations in the reference's
-interface. Prints the layers, the attention implementation that ran, step time, tokens/s, MFU, and the measured
-peak memory beside the plan's figure (``models.memory``) for that depth; exits 1 when they differ by > 15 %.
+interface. Prints the layers, the attention implementation that ran, step time, tokens/s, MFU, the measured
+peak memory beside the plan's figure (``models.memory``) for that depth (exits 1 when they differ by > 15 %), the
+logprob gap of a packed micro-batch against padded rows under the device's attention kernel (exits 1 above 0.05:
+trajectories that attend to each other are off by O(1)), and the time to write, hash and verify a checkpoint of
+that model as a run does.
 
     torchrun --standalone --nproc-per-node=1 bench/gpu_check.py [--seqs 4] [--steps 2] [--turns 20]
     torchrun --standalone --nproc-per-node=1 bench/gpu_check.py --tiny     # the same code on CPU (gloo)
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 PEAK_BF16 = 989e12
+PACKED_GAP = 0.05  # bf16 rounding differs between a packed and a padded forward; mixed trajectories are off by O(1)
 
 
 def main() -> None:
@@ -47,11 +54,13 @@ def main() -> None:
     from models import memory
     from models.distributed import wrap_fsdp2
     from models.engines.base import banned_token_ids
+    from models.forward import packs_into_one_row
     from models.tiny import build_tiny
+    from rl import checkpoint as ckpt_io
     from rl import sft
     from rl.experts import expert_trajectory
     from rl.rollout import Conversation
-    from rl.update import Scoring, StepBatch, accumulate
+    from rl.update import Scoring, StepBatch, accumulate, logprobs
 
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
@@ -154,6 +163,23 @@ def main() -> None:
                                     "peak": update_peak(plan)}):
         print("plan" + line, flush=True)
     ok = True
+    # ---- packing under this device's attention kernel: a packed micro-batch scores every trajectory as it is
+    # scored alone in a padded row (trajectories that attended to each other would be off by O(1))
+    model.eval()
+    rows = data[:args.seqs]
+    with torch.no_grad():
+        padded = logprobs(model, rows, list(range(len(rows))), scoring)
+        packed = logprobs(model, rows, list(range(len(rows))), replace(scoring, packing=True))
+    on = torch.zeros_like(padded, dtype=torch.bool)
+    for r, t in enumerate(rows):
+        on[r, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.bool)
+    gap = float((padded - packed).abs()[on].max())
+    ok_pack = gap < PACKED_GAP
+    ok = ok and ok_pack
+    layout = "one row" if packs_into_one_row(model) else "rows"
+    print(f"packing: {len(rows)} conversations in one packed micro-batch ({layout}, "
+          f"{model.config.text_config._attn_implementation}) against padded rows: max |logprob gap| {gap:.2e} "
+          f"over {int(on.sum())} trained tokens{'' if ok_pack else f'  MISMATCH: above {PACKED_GAP}'}", flush=True)
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
         ratio = peak / update_peak(plan)
@@ -161,8 +187,31 @@ def main() -> None:
         print(f"memory: measured peak {peak / 2**30:.2f} GiB (torch.cuda.max_memory_allocated), plan "
               f"{update_peak(plan) / 2**30:.2f} GiB, measured/plan {ratio:.2f}"
               f"{'' if ok else '  MISMATCH: outside 0.85-1.15'}", flush=True)
+    # ---- a checkpoint of this model as a run writes it (DCP masters and moments, the bf16 export, the manifest's
+    # hashing), and the resume search's verification, when the disk has room for it three times over
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_ckpt_"))
+    ckpt_bytes = 14 * n_params  # fp32 masters 4 + AdamW moments 8 + bf16 export 2 bytes a parameter
+    free = shutil.disk_usage(run_dir).free
+    save_s = verify_s = float("nan")
+    if free >= 3 * ckpt_bytes:
+        t0 = time.perf_counter()
+        ckpt = ckpt_io.save_checkpoint(run_dir, 1, model, processor, opt, export_dtype=compute)
+        save_s = time.perf_counter() - t0
+        written = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+        t0 = time.perf_counter()
+        found = ckpt_io.find_resume_point(run_dir)
+        verify_s = time.perf_counter() - t0
+        ok = ok and found == ckpt
+        print(f"checkpoint: {written / 2**30:.1f} GiB written, fsynced and hashed in {save_s:.1f} s "
+              f"({written / 2**30 / save_s:.2f} GiB/s); verified for resume in {verify_s:.1f} s"
+              f"{'' if found == ckpt else '  FAILED: the resume search did not find it'}", flush=True)
+    else:
+        print(f"checkpoint: skipped ({ckpt_bytes / 2**30:.0f} GiB would need 3x the {free / 2**30:.0f} GiB free)",
+              flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     print(f"gpu_check layers={layers} attention={model.config.text_config._attn_implementation} step_s={step_s:.3f} "
-          f"train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f}", flush=True)
+          f"train_tokens_per_s={tok_s:.0f} mfu={mfu:.4f} packed_gap={gap:.2e} checkpoint_s={save_s:.1f} "
+          f"verify_s={verify_s:.1f}", flush=True)
     torch.distributed.destroy_process_group()
     if not ok:
         sys.exit(1)

@@ -3,9 +3,13 @@
 # 2.11 + CUDA 13, transformers 5.17, no hydra/vllm/flash-attn) plus the few small wheels it lacks, which travel in
 # .whl/ (made here by `bash bench/gpu_wheels.sh`; nothing is installed from a network):
 #   1. python train.py cluster=1gpu on the tiny Qwen3-VL: torchrun, a process group of one on NCCL, FSDP2 with
-#      fp32 masters and bf16 compute, 3 steps with a checkpoint at step 2, then a resume to step 4 from it;
+#      fp32 masters and bf16 compute, 2 steps with a checkpoint at step 2 (its time printed), then a resume to
+#      step 4 from it;
 #   2. bench/gpu_check.py: a training step of the 8B architecture's layer shapes with as many decoder layers as
-#      fit, its MFU, the attention implementation that ran, and the measured peak memory beside the plan's.
+#      fit, its MFU, the attention implementation that ran (sdpa's backends; flash-attention 2 where installed),
+#      the measured peak memory beside the plan's, a packed micro-batch against padded rows under that kernel,
+#      and the time to write, hash and verify a checkpoint of that model (skipped, saying so, when the disk
+#      cannot hold it three times over).
 # Every figure is printed; any failure stops the script with a non-zero status.
 #   bash bench/gpu_check.sh
 set -euo pipefail
