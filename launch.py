@@ -214,10 +214,16 @@ def torchrun_command(cfg, run_dir: str) -> list[str]:
     return cmd + [str(TRAIN), *overrides, f"hydra.run.dir={quoted}"]
 
 
+# torchrun's agent otherwise shares one store across restarts and torch no longer prefixes the process group's keys
+# per attempt: restarted workers could read a dead attempt's addresses (gloo's connect hung or was refused in 4 of 9
+# runs of the killed-rank test). Opted out, every rendezvous round gets a fresh store on a fresh port.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def relaunch_under_torchrun(cfg, run_dir: str) -> int:
     cmd = torchrun_command(cfg, run_dir)
     print(f"relaunching under torchrun: {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd, cwd=os.getcwd())
+    return subprocess.call(cmd, cwd=os.getcwd(), env={**os.environ, **TORCHRUN_ENV})
 
 
 def final_score(run_dir: str, cfg) -> float | None:

@@ -17,24 +17,9 @@ import torch.distributed as dist
 
 def init(backend: str, timeout_min: float | None = None) -> None:
     """The default process group; ``timeout_min``: how long a collective waits for the slowest rank (torch's
-    default, 10 minutes for NCCL, 30 for gloo, when None).
-
-    Under torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``) the group's keys are prefixed with the restart
-    attempt: the agent keeps one store across restarts and torch no longer prefixes per attempt, so the workers of
-    a restart could read the previous attempt's addresses (a rank killed and restarted: its peer connected to the
-    dead process and gloo's connect hung or was refused, in about half the runs here)."""
-    if dist.is_initialized():
-        return
-    timeout = timedelta(minutes=timeout_min) if timeout_min is not None else None
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              int(os.environ["WORLD_SIZE"]), is_master=False,
-                              timeout=timeout or timedelta(minutes=30))
-        store = dist.PrefixStore(f"vlmaze/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        dist.init_process_group(backend=backend, store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
-    else:
+    default, 10 minutes for NCCL, 30 for gloo, when None)."""
+    if not dist.is_initialized():
+        kwargs = {} if timeout_min is None else {"timeout": timedelta(minutes=timeout_min)}
         dist.init_process_group(backend=backend, **kwargs)
 
 
