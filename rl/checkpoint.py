@@ -82,18 +82,27 @@ def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
     return mine
 
 
-def _hash_share(root: Path, names: list[str], fsync: bool) -> dict[str, dict]:
-    """sha256 and size of this rank's ``share`` of ``names`` (each fsynced first when ``fsync``), gathered from
-    every rank into one dict (a collective)."""
-    sizes = {n: (root / n).stat().st_size for n in names}
-    mine = {}
+def _hash_share(root: Path, sizes: dict[str, int], fsync: bool) -> dict[str, dict]:
+    """sha256 and size of every file of ``sizes`` (rank 0's listing: name -> bytes, the same on every rank), each
+    rank hashing its ``share`` (fsynced first when ``fsync``), gathered into one dict (a collective). A file a rank
+    cannot read, or sees at another size (a shared filesystem not yet consistent), fails the save on every rank in
+    one line, instead of leaving the others waiting or the file out of the manifest."""
+    mine, problems = {}, []
     for n in share(sizes, D.rank(), D.world_size()):
-        if fsync:
-            _fsync_file(root / n)
-        mine[n] = {"sha256": _sha256(root / n), "bytes": sizes[n]}
-    merged = {}
-    for part in D.all_gather_objects(mine):
+        try:
+            if (root / n).stat().st_size != sizes[n]:
+                raise OSError(f"{(root / n).stat().st_size} bytes here, {sizes[n]} listed by rank 0")
+            if fsync:
+                _fsync_file(root / n)
+            mine[n] = {"sha256": _sha256(root / n), "bytes": sizes[n]}
+        except OSError as err:
+            problems.append(f"rank {D.rank()}: {n}: {err}")
+    merged, found = {}, []
+    for part, errs in D.all_gather_objects((mine, problems)):
         merged.update(part)
+        found += errs
+    if found or set(merged) != set(sizes):
+        raise RuntimeError(f"checkpoint {root.name} not written: " + ("; ".join(found) or "files left unhashed"))
     return {n: merged[n] for n in sorted(merged)}
 
 
@@ -180,9 +189,9 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
     D.barrier()
     # every rank fsyncs and hashes its share of the files (by bytes: the DCP shards, the export's shards), rank 0
     # lists them and writes the manifest; a checkpoint's cost is spread, not one rank's while the others wait
-    names = D.broadcast_object(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-                               if D.is_main() else None)
-    files = _hash_share(tmp, names, fsync=True)
+    sizes = D.broadcast_object({str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*"))
+                                if p.is_file()} if D.is_main() else None)
+    files = _hash_share(tmp, sizes, fsync=True)
     if D.is_main():
         (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
         _fsync_file(tmp / "manifest.json")

@@ -190,6 +190,9 @@ class Run:
         optimizer, scheduler = make_optimizer(policy, cfg.algo, total_steps)
         start_step, metrics_state = 0, {}
         if start_ckpt is not None:  # fp32 masters, AdamW moments, schedule, sampler, this rank's RNG
+            # loading builds AdamW's state with a step on zero gradients (the optimizer phase's memory): vLLM's
+            # budget is planned for the rollout and sync phases, so the engine sleeps (the first push wakes it)
+            engine.sleep()
             state = ckpt_io.load_checkpoint(start_ckpt, policy, optimizer)
             scheduler.load_state_dict(state["scheduler"])
             sampler.load_state_dict(state["sampler"])
