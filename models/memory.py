@@ -27,7 +27,9 @@ What the code keeps, per GPU (N parameters, W ranks, c bytes of the compute dtyp
     the trainer's masters and moments stay (12N/W; gradients are freed after the update), the reference shard,
     and vLLM's gpu_memory_utilization x GPU (its weights, KV cache and activations live inside that budget)
     or the hf copy (its KV cache grows with the batch: not modelled)
-  weight sync: masters + moments + reference + vLLM's budget + one gathered tensor (c x the largest tensor)
+  weight sync and checkpoint: masters + moments + reference + vLLM's budget (awake) + one gathered tensor (the
+    largest, in fp32: a checkpoint's export gathers the fp32 masters one tensor at a time; the weight sync the
+    compute dtype)
 The plan's figure is the largest phase. Tokens per micro-batch are an upper bound: every row padded to an
 episode of the full turn budget with every response at max_new_tokens.
 """
@@ -171,7 +173,7 @@ def plan(u: Units, *, world: int, compute_bytes: int, engine: str, kl: bool, tok
                "hf engine copy": hf_copy, "vLLM budget (weights, KV cache)": vllm}
     sync = {"fp32 master shards": masters, "AdamW moments (fp32)": moments, "reference shard": reference,
             "vLLM budget (weights, KV cache)": vllm, "hf engine copy": hf_copy,
-            "one gathered tensor": c * u.largest_tensor}
+            "one gathered tensor": 4 * u.largest_tensor}
     phases = {"train": train, "optimizer": optimizer, "rollout": rollout, "sync": sync}
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=totals.get)
