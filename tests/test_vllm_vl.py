@@ -96,7 +96,8 @@ def test_the_engine_starts_without_weights_on_disk_and_plays_the_pushed_ones(mon
     """``VLLMEngine.from_config`` (what a run starts): nothing weight-sized is written (vLLM starts with its dummy
     load format from the config, tokenizer and processor), and after one push it plays the trainer's weights (the
     per-turn gap of the test above). Under ``trainer.deterministic`` (torch's deterministic mode, process-wide),
-    every call into vLLM runs with the mode off and the trainer gets it back after. (After the tests that use the
+    every call into vLLM runs with the mode off and the trainer gets it back after; so does the process's random
+    state, which vLLM's start reseeds. (After the tests that use the
     module's engine: a second engine in one process resets vLLM's process-wide parallel state under the first.)"""
     from pathlib import Path
 
@@ -122,8 +123,11 @@ def test_the_engine_starts_without_weights_on_disk_and_plays_the_pushed_ones(mon
         cfg = compose("config", overrides=["engine=vllm", "engine.max_model_len=4096", "engine.enforce_eager=true"])
     model, processor = load_policy_dir(SHIPPED_SFT)
     torch.use_deterministic_algorithms(True, warn_only=True)  # what trainer.deterministic=true sets
+    torch.manual_seed(1234)  # a rank's own stream (seed + rank): vLLM's start seeds the process with its one seed
+    rng = torch.get_rng_state()
     try:
         engine = vllm_engine.VLLMEngine.from_config(cfg, model, processor)
+        assert torch.equal(torch.get_rng_state(), rng)  # the trainer's stream, as it was
         files = {p.name: p.stat().st_size for p in Path(engine.init_dir.name).rglob("*") if p.is_file()}
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         assert sum(files.values()) < weight_bytes / 20, files

@@ -42,8 +42,10 @@ import functools
 import importlib.util
 import inspect
 import os
+import random
 import tempfile
 
+import numpy as np
 import torch
 from PIL import Image
 from transformers import AutoConfig
@@ -77,6 +79,22 @@ def _outside_determinism(method):
         with trainer_determinism_off():
             return method(*args, **kwargs)
     return wrapper
+
+
+@contextlib.contextmanager
+def process_rng_kept():
+    """The process's python, numpy and torch (CPU and CUDA) generators as they were: vLLM's start seeds them all with
+    its ``seed``, the same on every rank, over the trainer's per-rank seeds."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _world_size() -> int:
@@ -217,11 +235,12 @@ class VLLMEngine:
         # Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"): on CPU every
         # prefill runs whole.
         cpu_only = {} if self.on_gpu else {"enable_chunked_prefill": False}
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_bytes, **launcher, **cpu_only,
-                            enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
-                            enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
-                            skip_tokenizer_init=False, load_format=load_format)
+        with process_rng_kept():  # the trainer's per-rank streams, not vLLM's one seed
+            self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                kv_cache_memory_bytes=kv_bytes, **launcher, **cpu_only,
+                                enforce_eager=enforce_eager or not self.on_gpu, max_model_len=max_model_len, seed=seed,
+                                enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
+                                skip_tokenizer_init=False, load_format=load_format)
         if load_format == "dummy":
             self.llm.collective_rpc(_restore_input_norms)
 
