@@ -31,22 +31,15 @@ def device_memory(cfg) -> tuple[float, str]:
     return float(cfg.cluster.gpu_memory_gib), "cluster.gpu_memory_gib: no GPU visible here"
 
 
-def engine_memory_utilization(cfg, gpu_gib: float, units=None) -> float:
-    """``engine.gpu_memory_utilization``, or where it is 0 (the default) the planned one: the largest fraction of
-    this GPU the trainer leaves free during rollouts (``models.memory.engine_fraction``); 0 off the GPU."""
-    if cfg.engine.gpu_memory_utilization > 0 or cfg.engine.name != "vllm" or gpu_gib <= 0:
-        return float(cfg.engine.gpu_memory_utilization)
-    return memory.engine_fraction(memory_plan(cfg, gpu_gib, units, gpu_util=0.0), gpu_gib)
-
-
 def resolve_engine_memory(cfg) -> None:
-    """Write the planned ``engine.gpu_memory_utilization`` into ``cfg`` (a vLLM job on a GPU with the key at 0),
-    so the engine, the logged config and the plan all hold the one figure."""
+    """Write the planned ``engine.gpu_memory_utilization`` (``memory_plan``: the most of this GPU the trainer leaves
+    free, ``models.memory.engine_fraction``) into ``cfg`` for a vLLM job on a GPU with the key at 0, so the
+    engine, the logged config and the plan all hold the one figure."""
     if cfg.engine.name != "vllm" or cfg.cluster.device != "cuda" or cfg.engine.gpu_memory_utilization > 0:
         return
     gib, _ = device_memory(cfg)
     if gib > 0:
-        cfg.engine.gpu_memory_utilization = engine_memory_utilization(cfg, gib)
+        cfg.engine.gpu_memory_utilization = memory_plan(cfg, gib)["gpu_util"]
 
 
 def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
@@ -74,6 +67,7 @@ def memory_plan(cfg, gpu_gib: float, units=None, **changes) -> dict:
     # a rank's rollout: its episodes at once, each up to ``seq`` tokens (every maze's group on one rank)
     episodes = (cfg.algo.mazes_per_step * cfg.algo.group_size) // max(world, 1) if cfg.algo.name != "sft" else 0
     return {**p, "units": units, "world": world, "fsdp": fsdp, "rows": rows, "seq": seq, "gpu_util": util,
+            "compute_bytes": compute_bytes,
             "kv_tokens": memory.kv_cache_tokens(units, compute_bytes, gpu_gib, util) if cfg.engine.name == "vllm"
             else 0, "rollout_tokens": episodes * seq}
 
@@ -154,7 +148,7 @@ def launch_plan(cfg) -> str:
         lines.append(
             f"vLLM: gpu_memory_utilization {p['gpu_util']:.2f} ({planned}), a KV cache of "
             f"~{p['kv_tokens'] / 1e3:.0f} k "
-            f"tokens (the budget less {p['units'].total * (4 if cfg.model.dtype == 'float32' else 2) / GIB:.1f} GiB "
+            f"tokens (the budget less {p['units'].total * p['compute_bytes'] / GIB:.1f} GiB "
             f"of weights and ~{memory.ENGINE_OVERHEAD_GIB:.0f} GiB of activations and graphs); a rank's rollout "
             f"holds up to {p['rollout_tokens'] / 1e3:.0f} k ({p['rollout_tokens'] // max(p['seq'], 1)} episodes x "
             f"{p['seq']})" + ("" if p["kv_tokens"] >= p["rollout_tokens"] else

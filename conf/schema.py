@@ -142,7 +142,7 @@ class EngineConfig:
     name: str = "hf"  # hf | vllm
     micro_batch: int = 64  # hf: episodes per generate call
     gpu_memory_utilization: float = 0.0  # vllm on GPU: its share of the GPU (weights, KV cache, activations); 0 =
-    # planned at start (launch.engine_memory_utilization): the most the trainer's shards leave free, e.g. 0.76 of
+    # planned at start (launch.resolve_engine_memory): the most the trainer's shards leave free, e.g. 0.76 of
     # an 80 GB H100 for Qwen3-VL-8B on 8 GPUs; vLLM refuses to start unless that share is free
     enforce_eager: bool = False  # vllm
     sleep_mode: bool = True  # vllm on GPU: free KV cache and offload weights during training

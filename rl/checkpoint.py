@@ -164,8 +164,9 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, processor, optimizer
     if optimizer is not None:
         _dcp(dcp.save, _sharded_state(policy, optimizer), tmp / "dcp")
     (tmp / "rng" / f"rank_{D.rank()}.json").write_text(json.dumps(rng_state()))
-    sharded = any(hasattr(p, "full_tensor") for p in policy.parameters())  # FSDP2, one rank (cluster=1gpu) included
-    export = full_state_dict(policy, cpu_offload=True) if sharded or D.world_size() > 1 else policy.state_dict()
+    # gathered when sharded (FSDP2, one rank included: cluster=1gpu) or replicated over ranks (DDP: rank 0's copy)
+    gather = D.is_sharded(policy) or D.world_size() > 1
+    export = full_state_dict(policy, cpu_offload=True) if gather else policy.state_dict()
     if D.is_main():
         if export_dtype is not None:
             export = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in export.items()}

@@ -123,7 +123,8 @@ def barrier() -> None:
         dist.barrier()
 
 
-def _sharded(model) -> bool:
+def is_sharded(model) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors), at any world size."""
     return any(hasattr(p, "to_local") for p in model.parameters())
 
 
@@ -134,14 +135,14 @@ def params_checksum(model) -> float:
     for k, p in enumerate(model.parameters()):
         local = p.to_local() if hasattr(p, "to_local") else p
         total += local.detach().double().flatten().mul(1.0 + 1e-3 * (k % 97)).sum().cpu()
-    return all_reduce_sum(float(total)) if _sharded(model) else float(total)
+    return all_reduce_sum(float(total)) if is_sharded(model) else float(total)
 
 
 def check_in_sync(model) -> float:
     """Raise if the ranks' weights differ (each rank holds a full copy: one process, DDP); returns the checksum.
     Under FSDP2 every rank holds its own shards, so there is no copy to compare: the checksum is their sum."""
     value = params_checksum(model)
-    if _sharded(model):
+    if is_sharded(model):
         return value
     values = all_gather_objects(value)
     if max(values) - min(values) > 1e-6 * max(1.0, abs(value)):

@@ -212,7 +212,8 @@ class Run:
                   policy, processor, engine, reference, push_weights, env, eval_env, sampler, scoring, optimizer,
                   scheduler, total_steps, start_step, metrics_state, writer, fault_schedule,
                   stop_requested=stop_on_signals())
-        run.engine_stale = push_weights  # vLLM starts without the weights, a resumed run's engine copy is stale
+        # vLLM starts without the weights; a resumed run's hf copy holds the start's, not the restored ones
+        run.engine_stale = push_weights and (cfg.engine.name == "vllm" or start_ckpt is not None)
         run.score = (run.eval(0) if start_step == 0 and cfg.trainer.eval_at_start
                      else metrics_state.get("last_score"))
         return run
