@@ -1,6 +1,6 @@
 """The thought language: what an expert turn says it sees before it moves, written by SFT's experts
 (``rl/experts.py``) and read by the rewards (``maze/rewards.py``), the step's metrics and
-``sweeps/thought_accuracy.py``. Writer and reader live here, together, so the wording changes in one place.
+``bench/reading.py``. Writer and reader live here, together, so the wording changes in one place.
 
 Three thoughts, one per turn, inside ``<think>…</think>`` before the action:
 

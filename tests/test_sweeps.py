@@ -87,20 +87,14 @@ def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
         assert f"algo.group_size={g}" in args and not any(a.startswith("dry_run") for a in args)
 
 
-def test_thought_accuracy_tells_reading_faults_from_acting_faults():
-    """``sweeps/thought_accuracy.score`` on scripted turns: the expert's own thoughts read every pocket; a thought
+def test_the_reading_bench_tells_reading_faults_from_acting_faults():
+    """``bench/reading.score`` on scripted turns: the expert's own thoughts read every pocket; a thought
     that misses a pocket and walks in is a reading fault; one that names it and walks in anyway acts against it."""
-    import importlib.util
     from types import SimpleNamespace
 
+    from bench.reading import HEADER, row, score
     from maze.core import MOVES, dead_ends, generate_maze
     from maze.thought import thought
-
-    spec = importlib.util.spec_from_file_location("thought_accuracy", Path(__file__).resolve().parents[1] / "sweeps"
-                                                  / "thought_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    score = mod.score
 
     m = next(m for s in range(50) if dead_ends(m := generate_maze(size=9, seed=s), m.start, 8))
     way = dead_ends(m, m.start, 8)[0]
@@ -123,6 +117,27 @@ def test_thought_accuracy_tells_reading_faults_from_acting_faults():
     depth = min(k for k in range(1, 9) if way in dead_ends(m, m.start, k))
     assert by_depth[depth][1] >= 1 and by_depth[depth][0] == 0
     assert sum(tot for _, tot in by_depth.values()) == c["true_pockets"]
+    # the table row: the blind thought's pocket share and the depth column of the pocket it missed
+    cells = [x.strip() for x in row("blind", 8, 0.0, c, by_depth, by_way).strip("|").split("|")]
+    assert len(cells) == HEADER.count("|") - 1 and cells[4] == "0.00" and cells[3] == "1.00"
+    assert cells[6].split(" / ")[min(depth, 4) - 1] == "0.00"
+
+
+def test_the_reading_bench_prints_one_row_per_checkpoint_and_refuses_a_wrong_path(tmp_path, monkeypatch, capsys):
+    """``python bench/reading.py A B``: one table with a row per checkpoint, each scored at its recorded
+    lookahead; a path that holds no policy fails before any rollout, in one line naming it."""
+    import bench.reading as reading
+
+    start = ROOT / "checkpoints" / "tiny_sft"
+    monkeypatch.setattr(sys, "argv", ["reading.py", str(start), str(start), "--mazes", "2"])
+    reading.main()
+    out = capsys.readouterr().out
+    table = [ln for ln in out.splitlines() if ln.startswith(f"| {start} |")]
+    assert len(table) == 4 and table[0] == table[2]  # printed as it goes, then in the table; both rows the same
+    assert table[0].split("|")[2].strip() == "8"  # the start's recorded algo.sft_lookahead
+    monkeypatch.setattr(sys, "argv", ["reading.py", str(start), str(tmp_path)])
+    with pytest.raises(SystemExit, match=f"{tmp_path} is neither a policy directory"):
+        reading.main()
 
 
 def test_legend_labels_show_what_sets_a_setting_apart():
