@@ -118,6 +118,9 @@ class AlgoConfig:
     # this many cells deep (<think>open up down left; not down</think>): the local feature that decides junctions
     sft_expert: str = "bfs"  # algo=sft: bfs (shortest path) | wall_follower (right-hand rule, local decisions) |
     # greedy (depth-first search toward the goal that ignores what its lookahead thought says: rl/policies.py)
+    sft_aux_weight: float = 0.0  # algo=sft: weight of a visual auxiliary target: a fixed random linear readout of
+    # the agent's image token predicts the open ways and the pockets (algo.sft_lookahead deep) at its cell
+    # (rl/sft.py); 0 = off. Needs env.view=egocentric and the shared-image forward (no FSDP2)
 
 
 @dataclass
@@ -408,6 +411,21 @@ def validate(cfg) -> None:
         raise ConfigError(f"algo.sft_noise={cfg.algo.sft_noise} must be in [0, 1)")
     if cfg.algo.sft_max_turns < 0:
         raise ConfigError(f"algo.sft_max_turns={cfg.algo.sft_max_turns} must be >= 0")
+    if cfg.algo.sft_aux_weight < 0:
+        raise ConfigError(f"algo.sft_aux_weight={cfg.algo.sft_aux_weight} must be >= 0")
+    if cfg.algo.sft_aux_weight > 0:
+        aux = f"algo.sft_aux_weight={cfg.algo.sft_aux_weight}"
+        if cfg.algo.name != "sft":
+            raise ConfigError(f"{aux} is an SFT target; algo.name={cfg.algo.name} does not use it")
+        if cfg.env.view != "egocentric" or cfg.env.pad_to % 32:
+            raise ConfigError(f"{aux} reads the agent's image token, which only env.view=egocentric (with env.pad_to "
+                              f"a multiple of 32) keeps in one place; this run has env.view={cfg.env.view} "
+                              f"env.pad_to={cfg.env.pad_to}")
+        if cfg.algo.sft_lookahead < 1:
+            raise ConfigError(f"{aux} predicts the pockets algo.sft_lookahead cells deep: set algo.sft_lookahead >= 1")
+        if cfg.cluster.parallel == "fsdp2" and cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1:
+            raise ConfigError(f"{aux} reads the vision features of the shared-image forward, which FSDP2 does not "
+                              "use: run it on one process or with cluster.parallel=ddp")
     if cfg.algo.name != "sft":
         if cfg.algo.group_size == 1 and cfg.algo.adv_estimator == "grpo" and cfg.algo.norm_adv_by_std:
             raise ConfigError("algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std")

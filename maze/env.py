@@ -310,6 +310,17 @@ def frame_side(size: int, ppc: int, pad_to: int, pad_before: int, view: str) -> 
     return offset, side + (-side % pad_to if pad_to > 1 else 0)
 
 
+def agent_token(size: int, ppc: int, pad_to: int, pad_before: int, token_px: int = 32) -> int:
+    """The index of the merged image token that holds the agent's cell in an egocentric frame of a ``size`` maze,
+    among the frame's tokens in row-major order (``token_px``: patch 16 x merge 2); the same at every position,
+    since the window moves with the agent. ``pad_to`` must be a multiple of ``token_px``."""
+    if pad_to % token_px:
+        raise ValueError(f"pad_to={pad_to} is not a multiple of the {token_px} px image token")
+    offset, side = frame_side(size, ppc, pad_to, pad_before, "egocentric")
+    at = (size - 1) * ppc + offset  # the agent cell's first px, on both axes
+    return (at // token_px) * (side // token_px) + at // token_px
+
+
 def _disc_mask(ppc: int, radius_frac: float = 0.38) -> np.ndarray:
     """(ppc, ppc) bool mask of a disc centred in the cell."""
     centre = (ppc - 1) / 2.0

@@ -47,6 +47,14 @@ def pockets(maze: Maze, position: tuple[int, int], lookahead: int) -> set[str]:
     return set() if tuple(position) == tuple(maze.goal) else set(dead_ends(maze, position, lookahead))
 
 
+def reading_target(maze: Maze, position: tuple[int, int], lookahead: int) -> list[float]:
+    """What a reader of the agent's cell sees, as 8 numbers in ``MOVES`` order: whether each way is open, then
+    whether it enters a dead-end pocket at most ``lookahead`` cells deep (the truths the lookahead thought names:
+    ``open_ways``, ``pockets``). SFT's visual auxiliary target (``algo.sft_aux_weight``)."""
+    ways, closed = open_ways(maze, position), pockets(maze, position, lookahead)
+    return [float(m in ways) for m in MOVES] + [float(m in closed) for m in MOVES]
+
+
 # ---------------------------------------------------------------- reader
 def named_pockets(text: str) -> set[str]:
     """The ways a lookahead thought in ``text`` calls pockets (``<think>open up down; not down</think>``); a

@@ -29,6 +29,10 @@ longest trajectory), and keeps each one exactly as it would be alone:
 
 ``packed_token_logprobs`` returns the same (N, T) matrices as ``token_logprobs`` on
 the padded batch (equal within 1e-5 in fp32; ``tests/test_packing.py``).
+
+Observing the vision tower (``observing_vision``): inside the context, every scoring forward that encodes images
+once each hands the observer the images it encoded and the vision tower's merged output for each, with grad, so a
+recipe can add a loss on what the vision tower reads (SFT's visual auxiliary target, ``rl/sft.py``).
 """
 
 
@@ -75,6 +79,28 @@ def encoder_outputs_supported(model) -> bool:
     return "mm_encoder_outputs" in inspect.signature(type(inner).forward).parameters
 
 
+_VISION_OBSERVERS: list = []
+
+
+@contextlib.contextmanager
+def observing_vision(observer):
+    """Within the context, ``observer(images, features)`` is called by every shared-image encoding
+    (``shared_image_features``): ``images`` the distinct ``ImageInput``s encoded, ``features`` the vision tower's
+    merged output of each ((tokens, hidden), with grad when grad is enabled). A forward that encodes images from
+    ``pixel_values`` inside the model (FSDP2, ``share_images=False``) cannot be observed and raises instead."""
+    _VISION_OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _VISION_OBSERVERS.remove(observer)
+
+
+def _unobservable() -> None:
+    if _VISION_OBSERVERS:
+        raise RuntimeError("the vision tower is observed (observing_vision) but this forward encodes the images "
+                           "inside the model (share_images=False): use the shared-image forward")
+
+
 def shared_image_features(model, images: list[ImageInput]) -> dict:
     """Vision features for a flat list of image occurrences, each distinct image encoded once.
 
@@ -92,6 +118,8 @@ def shared_image_features(model, images: list[ImageInput]) -> dict:
     p = next(model.parameters())
     out = model.model.get_image_features(torch.cat([im.pixels() for im in uniq]).to(p.device, p.dtype),
                                          torch.stack([im.grid_thw for im in uniq]).to(p.device))
+    for observer in _VISION_OBSERVERS:
+        observer(uniq, out.pooler_output)
     pooled = tuple(out.pooler_output[index[id(im)]] for im in images)
     deep = [tuple(layer[index[id(im)]] for im in images) for layer in out.deepstack_features]
     return {"image": BaseModelOutputWithDeepstackFeatures(pooler_output=pooled, deepstack_features=deep)}
@@ -322,6 +350,8 @@ def packed_batch(model, sequences: list[list[int]], images: list[list], pad_id: 
     ``share_images``: each distinct image is encoded once (``shared_image_features``).
     """
     share_images = share_images and encoder_outputs_supported(model)
+    if not share_images:
+        _unobservable()
     lengths = [len(s) for s in sequences]
     if packs_into_one_row(model):  # flash-attention: the boundaries are found from the positions of one row only
         capacity = sum(lengths)
@@ -392,5 +422,7 @@ def sequence_logprobs(model, sequences: list[list[int]], images: list[list], pad
         return packed_token_logprobs(model, sequences, images, pad_id, image_token_id, banned_ids, temperature,
                                      with_entropy, share_images=share_images)
     flat = [im for row in images for im in row] if share_images else None
+    if not share_images:
+        _unobservable()
     batch = collate(sequences, images, pad_id, image_token_id, with_pixels=not share_images)
     return token_logprobs(model, batch, banned_ids, temperature, with_entropy, images=flat)

@@ -26,9 +26,9 @@ from dataclasses import replace
 import numpy as np
 
 from maze.core import MOVES, Maze
-from maze.env import EnvSettings, format_action
+from maze.env import EnvSettings, agent_token, format_action
 from maze.sampler import TrainSampler
-from maze.thought import thought
+from maze.thought import reading_target, thought
 from rl.policies import ACT, START_HEADING
 from rl.rollout import Conversation, Trajectory, TurnSample, start_episode, window_prompt
 
@@ -49,7 +49,7 @@ def random_start(maze: Maze, rng) -> Maze:
 
 def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: str = "bfs",
                       noise: float = 0.0, seed: int = 0, max_turns: int = 0,
-                      with_thought: bool = False, lookahead: int = 0) -> Trajectory:
+                      with_thought: bool = False, lookahead: int = 0, aux_token: int | None = None) -> Trajectory:
     """One expert conversation; the expert answers from wherever the agent stands.
 
     ``noise`` > 0 injects off-expert turns (DART-style): with that probability a uniformly random
@@ -58,6 +58,8 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     the expert's recovery, which is trained on. Without it the data never leaves the expert's path.
     ``max_turns`` cuts the conversation (0: twice the env's budget for the maze).
     ``with_thought`` prefixes each turn with ``thought(...)`` (trained on, except on noisy turns).
+    ``aux_token``: each frame gets the visual auxiliary target (``ImageInput.target``): that merged token and
+    ``reading_target`` at the agent's cell (``algo.sft_aux_weight``; ``lookahead`` deep).
     ``env.history=K``: each trained turn is also kept as its own ``TurnSample`` prompted exactly as a rollout
     prompts it (``window_prompt``: the task, the last K turns, its frame), so SFT trains the per-turn policy GRPO
     will sample; noisy turns are in the windows of later turns but are not samples.
@@ -68,6 +70,8 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
     rng = np.random.default_rng([seed, *maze.grid.shape])
     budget = max_turns or 2 * env.turns_for(maze.size)
     e, t = start_episode(maze, conv, replace(env, max_moves_per_turn=1), max_turns=budget)
+    if aux_token is not None:
+        t.images[0].target = (aux_token, reading_target(maze, e.position, lookahead))
     parts = [{"image": t.images[0], "text": e.task_prompt}]
     state: dict = {}
     for turn in range(budget):
@@ -95,6 +99,8 @@ def expert_trajectory(maze: Maze, conv: Conversation, env: EnvSettings, expert: 
             t.append(conv.newline, 0)
             break
         image = conv.image(obs["image"])
+        if aux_token is not None:
+            image.target = (aux_token, reading_target(maze, e.position, lookahead))
         parts[-1].update(response=ids, closed=True)
         parts.append({"image": image, "text": obs["text"]})
         t.images.append(image)
@@ -116,6 +122,10 @@ def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
     if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
         rng = np.random.default_rng([cfg.trainer.seed, 7])
         mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]
+    def aux_token(m: Maze) -> int | None:  # the visual auxiliary target's token (conf/schema checks the view)
+        return agent_token(m.size, env.pixels_per_cell, env.pad_to, env.pad_before) if a.sft_aux_weight > 0 else None
+
     return [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
-                              max_turns=a.sft_max_turns, with_thought=a.sft_thought, lookahead=a.sft_lookahead)
+                              max_turns=a.sft_max_turns, with_thought=a.sft_thought, lookahead=a.sft_lookahead,
+                              aux_token=aux_token(m))
             for k, m in enumerate(mazes)]

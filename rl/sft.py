@@ -4,10 +4,17 @@ run set-up (``rl/run.py``) and update (``rl/update.py``) as GRPO.
 
     python train.py algo=sft                           # from the shipped start's config
     python train.py algo=sft model.path=null algo.sft_lookahead=8   # from a random tiny model
+
+A visual auxiliary target (``algo.sft_aux_weight`` > 0): each expert frame carries a target vector for one of its
+merged image tokens (``ImageInput.target``, set by the data); a fixed random linear readout of that token's vision
+feature (``AuxReadout``: drawn from a fixed seed, never trained, so nothing new is saved and a resumed run is the
+same) predicts it under a binary cross-entropy added to the next-token loss. The gradient reaches the vision
+tower directly, not only through the language model's attention to the token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -16,6 +23,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from models.forward import observing_vision
 from rl import dist as D
 from rl import faults
 from rl.experts import expert_dataset
@@ -41,6 +49,51 @@ def loss(lp, ent, m, b, sel, width, g_tokens, g_seqs):
     return nll, {"pg": nll.item()}
 
 
+class AuxReadout:
+    """The visual auxiliary target's readout and loss (the module docstring). Observes the trainer's vision
+    features (``models.forward.observing_vision``) and turns those of a micro-batch into a loss term.
+
+    Per micro-batch: ``weight`` x the mean binary cross-entropy over its distinct target-carrying images and their
+    target entries, x the micro-batch's share of the step's rows (so the terms sum to a mean over the step)."""
+
+    SEED = 20_261_207  # the readout's fixed draw
+
+    def __init__(self, weight: float):
+        self.weight, self._w, self._seen = weight, None, []
+
+    def __call__(self, images, features) -> None:
+        self._seen += [(f[im.target[0]], im.target[1]) for im, f in zip(images, features) if im.target is not None]
+
+    def readout(self, hidden: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
+        if self._w is None:
+            g = torch.Generator().manual_seed(self.SEED)
+            self._w = torch.randn(hidden, n_out, generator=g) / math.sqrt(hidden)
+        return self._w.to(like.device, like.dtype)
+
+    def loss_fn(self, base: Callable) -> Callable:
+        """``base`` (a recipe's ``loss_fn``) plus this micro-batch's auxiliary term; the stats gain ``aux`` (its
+        value), the open-way entries it reads right, the true pockets it finds and the pockets it says."""
+        def fn(lp, ent, m, b, sel, width, g_tokens, g_seqs):
+            total, stats = base(lp, ent, m, b, sel, width, g_tokens, g_seqs)
+            seen, self._seen = self._seen, []
+            real = bool(m.sum() > 0)  # a zero-weight padding micro-batch trains nothing
+            if not seen or not real:
+                return total, stats
+            feats = torch.stack([f for f, _ in seen])  # (n, hidden)
+            target = torch.tensor([t for _, t in seen], dtype=torch.float32, device=feats.device)  # (n, 2K)
+            logits = feats.float() @ self.readout(feats.shape[1], target.shape[1], feats).float()
+            bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+            term = self.weight * bce * (len(sel) / max(g_seqs, 1.0))
+            said, half = (logits > 0).float(), target.shape[1] // 2
+            pocket, said_pocket = target[:, half:], said[:, half:]
+            stats.update(aux=term.item(), aux_entries=float(target[:, :half].numel()),
+                         aux_open_right=float((said[:, :half] == target[:, :half]).sum()),
+                         aux_pockets=float(pocket.sum()), aux_pockets_found=float((said_pocket * pocket).sum()),
+                         aux_pockets_said=float(said_pocket.sum()))
+            return total + term, stats
+        return fn
+
+
 def total_steps(cfg: DictConfig) -> int:
     """Optimizer steps of the run: ``algo.sft_epochs`` passes over ``algo.sft_mazes`` conversations."""
     return cfg.algo.sft_epochs * math.ceil(cfg.algo.sft_mazes / cfg.algo.sft_batch)
@@ -54,6 +107,10 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
     expert = expert_dataset(cfg, run.processor, run.env)
     steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
     run.engine.sleep()  # the engine only plays the evals: vLLM frees the GPU; eval pushes the weights first
+    aux = AuxReadout(a.sft_aux_weight) if a.sft_aux_weight > 0 else None
+    if aux is not None and not run.scoring.share_images:
+        raise RuntimeError("algo.sft_aux_weight needs the shared-image forward (not FSDP2)")
+    step_loss = aux.loss_fn(loss) if aux is not None else loss
     for step in range(run.start_step, run.total_steps):
         t_step = time.time()
         fault = faults.due(run.faults, step + 1, run.rank, run.world)
@@ -67,9 +124,10 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
 
         t0 = time.time()
         run.policy.train()
-        stats, n_updates, skipped = update_step(run.policy, run.optimizer, b, [b.kept], a.micro_batch, a.grad_clip,
-                                                run.scoring, loss, fsdp=run.fsdp, ddp=run.ddp,
-                                                nan_fault="nan_loss" in fault)
+        with observing_vision(aux) if aux is not None else contextlib.nullcontext():
+            stats, n_updates, skipped = update_step(run.policy, run.optimizer, b, [b.kept], a.micro_batch,
+                                                    a.grad_clip, run.scoring, step_loss, fsdp=run.fsdp, ddp=run.ddp,
+                                                    nan_fault="nan_loss" in fault)
         run.scheduler.step()
         t_update = time.time() - t0
         run.check_nonfinite(step, skipped)
@@ -80,6 +138,15 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
             "n": float(n_real), "turns": float(sum(t.num_turns for t in trajs[:n_real])),
             "tokens": float(sum(len(b.rows[i].token_ids) for i in b.kept)),
             "trained": float(b.mask.sum())}.items()}
+        aux_scalars = {}
+        if aux is not None:  # collectives: on every rank
+            got = {k: D.all_reduce_sum(stats.get(k, 0.0)) for k in
+                   ("aux", "aux_entries", "aux_open_right", "aux_pockets", "aux_pockets_found", "aux_pockets_said")}
+            aux_scalars = {"sft/aux_loss": got["aux"],  # the readout: open ways right, pockets found (recall) and
+                           # the share of the pockets it says that are pockets (precision)
+                           "sft/aux_open_right": got["aux_open_right"] / max(got["aux_entries"], 1.0),
+                           "sft/aux_pocket_recall": got["aux_pockets_found"] / max(got["aux_pockets"], 1.0),
+                           "sft/aux_pocket_precision": got["aux_pockets_found"] / max(got["aux_pockets_said"], 1.0)}
         if run.writer is not None:
             n_upd = max(n_updates, 1)
             scalars = {"loss/total": stats["loss"] / n_upd, "loss/grad_norm": stats["grad_norm"] / n_upd,
@@ -88,6 +155,7 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
                        "train/skipped_update": float(skipped), "perf/update_s": t_update,
                        "perf/step_s": time.time() - t_step,
                        "perf/trained_tokens_per_s": tot["tokens"] / max(t_update, 1e-9)}
+            scalars.update(aux_scalars)
             run.log(scalars, step_done)
             D.print0(f"step {step_done}/{run.total_steps} (epoch {epoch + 1}) | loss {scalars['loss/total']:.4f} "
                      f"gnorm {scalars['loss/grad_norm']:.3f} lr {scalars['train/lr']:.2e} | update {t_update:.1f}s")

@@ -84,6 +84,13 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["model.path=null", "reward.thought_pockets=0.1", "env.interface=reference"], "reward.thought_pockets"),
     (["reward.thought_lookahead=0"], "reward.thought_lookahead"),
     (["model.attn_implementation=flash_attention_2"], "model.attn_implementation"),  # the default dtype is float32
+    (["algo.sft_aux_weight=-1"], "algo.sft_aux_weight"),
+    (["algo.sft_aux_weight=0.5"], "algo.sft_aux_weight"),  # GRPO: an SFT target
+    (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "env.view=global", "model.path=null"],
+     "algo.sft_aux_weight"),  # the agent's token moves
+    (["algo=sft", "algo.sft_lookahead=0", "algo.sft_aux_weight=0.5"], "algo.sft_aux_weight"),
+    (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "cluster=cpu2", "cluster.parallel=fsdp2"],
+     "algo.sft_aux_weight"),
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
@@ -224,6 +231,23 @@ def test_sft_trains_on_expert_conversations_and_lowers_its_loss(tmp_path):
     losses = [e.value for e in acc.Scalars("loss/total")]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # epoch 2 fits the same conversations better
     assert (tmp_path / "checkpoints/step_4/policy/model.safetensors").is_file()
+
+
+def test_sft_with_the_visual_auxiliary_target_adds_its_term_and_logs_its_readout(tmp_path):
+    """``algo.sft_aux_weight``: the step's loss is the next-token loss plus the auxiliary term (logged apart), and
+    the readout's open-way accuracy and pocket recall/precision are logged every step."""
+    proc = _run(["algo=sft", "model.path=null", "algo.sft_lookahead=8", "algo.sft_aux_weight=2", "algo.sft_mazes=4",
+                 "algo.sft_batch=2", "algo.sft_epochs=1", "trainer.eval_every=0", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    aux = [e.value for e in acc.Scalars("sft/aux_loss")]
+    assert len(aux) == 2 and all(2 * 0.3 < a < 2 * 1.5 for a in aux)  # 2 x a binary cross-entropy near ln 2 at init
+    for key in ("sft/aux_open_right", "sft/aux_pocket_recall", "sft/aux_pocket_precision"):
+        assert all(0 <= e.value <= 1 for e in acc.Scalars(key)), key
+    assert all(t.value > a for t, a in zip(acc.Scalars("loss/total"), aux))
 
 
 def test_combinations_that_do_not_fit_the_machine_fail_at_start():

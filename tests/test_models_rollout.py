@@ -8,6 +8,7 @@ import torch
 
 import maze
 from maze.env import EnvSettings
+from models import forward as models_forward
 from models.engines.base import SamplingParams, banned_token_ids
 from models.engines.hf import HFEngine
 from models.forward import collate, token_logprobs
@@ -494,3 +495,72 @@ def test_auto_attention_is_flash_only_for_half_precision_on_cuda_and_a_broken_wh
     assert [r.getMessage() for r in caplog.records] == [
         "flash_attn is installed but does not import (ImportError: flash_attn_2_cuda.so: undefined symbol: "
         "_ZN3c105ErrorC2E); using sdpa"]
+
+
+@pytest.mark.parametrize("size,ppc,pad", [(9, 4, 12), (7, 4, 12), (13, 4, 12), (9, 2, 14), (9, 8, 8)])
+def test_agent_token_is_the_merged_token_the_processor_puts_the_agents_cell_in(tiny, size, ppc, pad):
+    """``maze.env.agent_token``: the agent's disc (the only difference between a frame with the agent and one
+    without) lands in exactly the merged image token it names, in the processor's patch order (four patches per
+    merged token, row-major): the token the visual auxiliary target reads."""
+    from maze.env import MazeRenderer, agent_token
+
+    _, processor = tiny
+    m = maze.generate_maze(size=size, seed=3)
+    r = MazeRenderer(m, ppc, pad_to=32, pad_before=pad, view="egocentric")
+    with_agent, without = (processor.image_processor(images=[r.frame(a)], return_tensors="pt")
+                           for a in (m.start, None))
+    side = r.shape[0]
+    assert with_agent["image_grid_thw"][0].tolist() == [1, side // 16, side // 16]  # not resized
+    rows = (with_agent["pixel_values"] != without["pixel_values"]).any(dim=1).nonzero().flatten()
+    assert len(rows) and {int(k) // 4 for k in rows} == {agent_token(size, ppc, 32, pad)}
+
+
+def test_the_visual_auxiliary_target_trains_the_vision_tower_alone_and_is_learnable():
+    """SFT's visual auxiliary target (``algo.sft_aux_weight``): the expert's frames carry the open ways and pockets
+    at the agent's cell for its token (``maze.thought.reading_target``); ``rl.sft.AuxReadout`` reads them from the
+    trainer's own forward (``observing_vision``). Its term alone puts gradient on the vision tower and none on the
+    language model, and a few optimizer steps on it alone lower it; the readout stays fixed (nothing to save)."""
+    from maze.env import agent_token
+    from maze.thought import reading_target
+    from rl.experts import expert_trajectory
+    from rl.rollout import Conversation
+    from rl.sft import AuxReadout
+    from rl.sft import batch as sft_batch
+    from rl.update import Scoring, accumulate, update_step
+
+    model, processor = build_tiny(seed=0)
+    env = EnvSettings()
+    token = agent_token(9, env.pixels_per_cell, env.pad_to, env.pad_before)
+    conv = Conversation(processor, keep_pixels=False)
+    trajs = [expert_trajectory(m, conv, env, "bfs", with_thought=True, lookahead=8, aux_token=token, max_turns=6)
+             for m in maze.TrainSampler(seed=5).take(2)]
+    t = trajs[0]
+    assert t.images[0].target == (token, reading_target(t.maze, t.maze.start, 8))
+    assert all(im.target is not None for tr in trajs for im in tr.images)
+    b = sft_batch(trajs, len(trajs))
+    e = HFEngine(model, processor)
+    scoring = Scoring(e.pad_id, e.image_token_id, e.banned_token_ids, 1.0, share_images=True)
+    aux = AuxReadout(weight=1.0)
+    only_aux = aux.loss_fn(lambda lp, *rest: ((lp * 0).sum(), {}))
+
+    def aux_step(opt):
+        with models_forward.observing_vision(aux):
+            stats, n, _ = update_step(model, opt, b, [b.kept], 8, 1e9, scoring, only_aux, fsdp=False, ddp=False)
+        return stats
+
+    visual = set(id(p) for p in model.model.visual.parameters())
+    model.zero_grad()
+    with models_forward.observing_vision(aux):
+        stats = accumulate(model, b, b.kept, 8, scoring, only_aux)
+    n_frames = len({id(im) for tr in trajs for im in tr.images})
+    assert stats["aux_entries"] == 4 * n_frames  # every distinct frame once, four ways each
+    grads = {id(p): p.grad for p in model.parameters()}
+    assert any(g is not None and g.abs().sum() > 0 for k, g in grads.items() if k in visual)
+    assert all(g is None or g.abs().sum() == 0 for k, g in grads.items() if k not in visual)
+    opt = torch.optim.Adam(model.model.visual.parameters(), lr=3e-3)
+    first = aux_step(opt)["aux"]
+    for _ in range(8):
+        last = aux_step(opt)["aux"]
+    assert last < 0.7 * first
+    w = aux.readout(0, 8, torch.zeros(1))  # the readout it trained against (drawn at its first use)
+    assert torch.equal(w, AuxReadout(1.0).readout(w.shape[0], 8, torch.zeros(1)))  # a fixed draw: resume sees it

@@ -30,6 +30,8 @@ class ImageInput:
     array: object = None  # the original (H, W, 3) uint8 image, for engines that take raw images
     preprocess: object = None  # callable(array) -> pixel_values, used when pixel_values is None
     features: object = None  # engine-side cache of the vision tower's output for this image (no grad)
+    target: object = None  # (token index, target vector): a recipe's auxiliary target for the vision tower's output
+    # at that merged token of this image (SFT's algo.sft_aux_weight), else None
 
     def pixels(self) -> torch.Tensor:
         return self.pixel_values if self.pixel_values is not None else self.preprocess(self.array)
