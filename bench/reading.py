@@ -111,7 +111,7 @@ def policy_dir(path: Path) -> Path:
 
 
 def main() -> None:
-    from conf.recorded import recorded
+    from conf.recorded import RecordError, recorded
     from maze.env import EnvSettings
     from maze.suites import load_suite
     from models.build import load_policy_dir
@@ -123,18 +123,24 @@ def main() -> None:
     p.add_argument("checkpoints", type=Path, nargs="+")
     p.add_argument("--lookahead", type=int, default=None,
                    help="the pocket depth a thought is scored against (default: the checkpoint's recorded "
-                        "algo.sft_lookahead, else 8)")
+                        "algo.sft_lookahead, else its reward.thought_lookahead, else 8)")
     p.add_argument("--suite", default="select64")
     p.add_argument("--mazes", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=24)
     args = p.parse_args()
+    if args.lookahead is not None and args.lookahead < 1:
+        raise SystemExit(f"error: --lookahead {args.lookahead}: a pocket is at least 1 cell deep")
     dirs = [policy_dir(c) for c in args.checkpoints]  # every argument checked before the first rollout
+    try:
+        records = [(recorded(d, "algo"), recorded(d, "reward"), recorded(d, "env")) for d in dirs]
+    except RecordError as err:
+        raise SystemExit(f"error: {err}") from None
     mazes = list(load_suite(args.suite).mazes[:args.mazes])
     lines, details = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"], []
-    for name, path in zip(args.checkpoints, dirs):
-        lookahead = args.lookahead or recorded(path, "algo").get("sft_lookahead") or 8
+    for name, path, (algo, reward, env_record) in zip(args.checkpoints, dirs, records):
+        # a GRPO run records algo.sft_lookahead=0; its thought is its start's, which reward.thought_lookahead names
+        lookahead = args.lookahead or algo.get("sft_lookahead") or reward.get("thought_lookahead") or 8
         model, processor = load_policy_dir(path)
-        env_record = recorded(path, "env")  # the observation and history the policy was trained with
         env = EnvSettings.from_config(env_record) if env_record else EnvSettings()
         trajs = rollout(HFEngine(model, processor), processor, mazes, 1, env,
                         SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))

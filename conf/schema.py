@@ -423,9 +423,20 @@ def validate(cfg) -> None:
                               f"env.pad_to={cfg.env.pad_to}")
         if cfg.algo.sft_lookahead < 1:
             raise ConfigError(f"{aux} predicts the pockets algo.sft_lookahead cells deep: set algo.sft_lookahead >= 1")
-        if cfg.cluster.parallel == "fsdp2" and cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1:
+        torchrun = cfg.cluster.nproc_per_node * cfg.cluster.nnodes > 1 or cfg.cluster.device == "cuda"
+        if cfg.cluster.parallel == "fsdp2" and torchrun:  # launch.needs_torchrun: a group of one shards too
             raise ConfigError(f"{aux} reads the vision features of the shared-image forward, which FSDP2 does not "
-                              "use: run it on one process or with cluster.parallel=ddp")
+                              "use: set cluster.parallel=ddp (or run cluster=cpu)")
+        ppc, inside = cfg.env.pixels_per_cell, cfg.env.pad_before % 32
+        if inside + ppc > 32:
+            raise ConfigError(f"{aux} reads the one image token that holds the agent's cell, but env.pad_before="
+                              f"{cfg.env.pad_before} with env.pixels_per_cell={ppc} puts the cell across tokens "
+                              f"(it starts {inside} px into a 32 px token)")
+        for size in sorted({cfg.env.size, *cfg.env.train_sizes, *(m.size for m in cfg.env.train_mix)}):
+            _, side = frame_side(size, ppc, cfg.env.pad_to, cfg.env.pad_before, cfg.env.view)
+            if side * side < cfg.model.min_pixels:
+                raise ConfigError(f"{aux}: a {size}x{size} frame ({side} px a side) is below model.min_pixels="
+                                  f"{cfg.model.min_pixels}: the processor would enlarge it and move the agent's token")
     if cfg.algo.name != "sft":
         if cfg.algo.group_size == 1 and cfg.algo.adv_estimator == "grpo" and cfg.algo.norm_adv_by_std:
             raise ConfigError("algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std")

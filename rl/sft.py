@@ -53,13 +53,22 @@ class AuxReadout:
     """The visual auxiliary target's readout and loss (the module docstring). Observes the trainer's vision
     features (``models.forward.observing_vision``) and turns those of a micro-batch into a loss term.
 
-    Per micro-batch: ``weight`` x the mean binary cross-entropy over its distinct target-carrying images and their
-    target entries, x the micro-batch's share of the step's rows (so the terms sum to a mean over the step)."""
+    Per micro-batch: ``weight`` x the binary cross-entropy summed over its distinct target-carrying images and their
+    target entries, / the step's count of such images (over micro-batches and ranks: ``begin_step``) and entries,
+    so the terms sum to ``weight`` x the step's mean whatever the micro-batch size or the number of ranks."""
 
     SEED = 20_261_207  # the readout's fixed draw
 
     def __init__(self, weight: float):
-        self.weight, self._w, self._seen = weight, None, []
+        self.weight, self._w, self._seen, self._n = weight, None, [], 1.0
+
+    def begin_step(self, b: StepBatch, rows: list[int], micro_batch: int) -> None:
+        """Count the step's target-carrying images as the forwards will see them: distinct within each
+        micro-batch of ``rows`` (``rl.update.micro_batches``' split), summed over micro-batches and ranks (a
+        collective: every rank calls it)."""
+        n = sum(len({id(im) for i in rows[lo:lo + micro_batch] for im in b.rows[i].images if im.target is not None})
+                for lo in range(0, len(rows), micro_batch))
+        self._n = max(D.all_reduce_sum(float(n)), 1.0)
 
     def __call__(self, images, features) -> None:
         self._seen += [(f[im.target[0]], im.target[1]) for im, f in zip(images, features) if im.target is not None]
@@ -82,8 +91,8 @@ class AuxReadout:
             feats = torch.stack([f for f, _ in seen])  # (n, hidden)
             target = torch.tensor([t for _, t in seen], dtype=torch.float32, device=feats.device)  # (n, 2K)
             logits = feats.float() @ self.readout(feats.shape[1], target.shape[1], feats).float()
-            bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
-            term = self.weight * bce * (len(sel) / max(g_seqs, 1.0))
+            bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+            term = self.weight * bce / (self._n * target.shape[1])
             said, half = (logits > 0).float(), target.shape[1] // 2
             pocket, said_pocket = target[:, half:], said[:, half:]
             stats.update(aux=term.item(), aux_entries=float(target[:, :half].numel()),
@@ -124,6 +133,8 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
 
         t0 = time.time()
         run.policy.train()
+        if aux is not None:
+            aux.begin_step(b, b.kept, a.micro_batch)
         with observing_vision(aux) if aux is not None else contextlib.nullcontext():
             stats, n_updates, skipped = update_step(run.policy, run.optimizer, b, [b.kept], a.micro_batch,
                                                     a.grad_clip, run.scoring, step_loss, fsdp=run.fsdp, ddp=run.ddp,

@@ -91,6 +91,11 @@ def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     (["algo=sft", "algo.sft_lookahead=0", "algo.sft_aux_weight=0.5"], "algo.sft_aux_weight"),
     (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "cluster=cpu2", "cluster.parallel=fsdp2"],
      "algo.sft_aux_weight"),
+    (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "cluster=1gpu"], "algo.sft_aux_weight"),  # FSDP2
+    (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "model.path=null", "env.pad_before=30"],
+     "algo.sft_aux_weight"),  # the agent's 4 px cell across two tokens
+    (["algo=sft", "algo.sft_lookahead=8", "algo.sft_aux_weight=0.5", "model.min_pixels=16384"],
+     "algo.sft_aux_weight"),  # a 96 px frame enlarged by the processor
 ])
 def test_validation_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):

@@ -543,6 +543,8 @@ def test_the_visual_auxiliary_target_trains_the_vision_tower_alone_and_is_learna
     aux = AuxReadout(weight=1.0)
     only_aux = aux.loss_fn(lambda lp, *rest: ((lp * 0).sum(), {}))
 
+    aux.begin_step(b, b.kept, 8)
+
     def aux_step(opt):
         with models_forward.observing_vision(aux):
             stats, n, _ = update_step(model, opt, b, [b.kept], 8, 1e9, scoring, only_aux, fsdp=False, ddp=False)
@@ -554,6 +556,16 @@ def test_the_visual_auxiliary_target_trains_the_vision_tower_alone_and_is_learna
         stats = accumulate(model, b, b.kept, 8, scoring, only_aux)
     n_frames = len({id(im) for tr in trajs for im in tr.images})
     assert stats["aux_entries"] == 4 * n_frames  # every distinct frame once, four ways each
+    # the term is the step's mean: the same in one micro-batch or in one per conversation
+    model.zero_grad()
+    aux.begin_step(b, b.kept, 1)
+    with models_forward.observing_vision(aux):
+        split = accumulate(model, b, b.kept, 1, scoring, only_aux)
+    assert split["aux"] == pytest.approx(stats["aux"], rel=1e-5)
+    model.zero_grad()
+    aux.begin_step(b, b.kept, 8)
+    with models_forward.observing_vision(aux):
+        stats = accumulate(model, b, b.kept, 8, scoring, only_aux)
     grads = {id(p): p.grad for p in model.parameters()}
     assert any(g is not None and g.abs().sum() > 0 for k, g in grads.items() if k in visual)
     assert all(g is None or g.abs().sum() == 0 for k, g in grads.items() if k not in visual)
