@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The study behind results/README.md: the default job (`python train.py`, GRPO from checkpoints/tiny_sft) over
-# 3 seeds, the group-size and KL settings (one seed each), the lr schedule (cosine, the default, against constant:
+# 3 seeds, group size 8 (3 seeds) and KL (one seed), the lr schedule (cosine, the default, against constant:
 # 3 seeds each, chosen on select64), then greedy evaluation of the start and of each seed's final checkpoint on
-# every frozen suite but select*. One job at a time on 2 cores: ~7 min a default job, ~15 min at group size 8,
+# every frozen suite but select*. One job at a time on 2 cores: ~7 min a default job, ~17 min at group size 8,
 # ~10 min with a KL reference, ~20 min of evaluation. results/provenance.md says how the committed
 # numbers were produced.
 set -euo pipefail
@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 python train.py -m trainer.seed=0,1,2 hydra.sweep.dir=multirun/study_seeds
 python train.py -m trainer.seed=0,1,2 algo.lr_schedule=cosine,constant 'trainer.eval_suites=[select64,fixed64]' \
     hydra.sweep.dir=multirun/study_lr_schedule  # the default's schedule, chosen on select64
-python train.py -m algo.group_size=8 hydra.sweep.dir=multirun/study_group_size
+python train.py -m trainer.seed=0,1,2 algo.group_size=8 'trainer.eval_suites=[select64,fixed64]' \
+    hydra.sweep.dir=multirun/study_group_size  # chosen or not on select64 against the default's seeds
 python train.py -m algo.kl_coef=0.01 algo.kl_estimator=k3 hydra.sweep.dir=multirun/study_kl
 python sweeps/study.py --seeds multirun/study_seeds --start checkpoints/tiny_sft \
-    --sweep group_size=multirun/study_seeds+multirun/study_group_size \
+    --sweep group_size=multirun/study_lr_schedule+multirun/study_group_size:select64 \
     --sweep kl=multirun/study_seeds+multirun/study_kl --sweep lr_schedule=multirun/study_lr_schedule:select64 --notes results/provenance.md --out results
