@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~55 min on 2 cores).
 #
-#   bash sweeps/make_start.sh [OUT]        # OUT defaults to outputs/tiny_start; the start lands in OUT/start
+#   bash sweeps/make_start.sh [OUT [KEY=VALUE ...]]   # OUT defaults to outputs/tiny_start; the start lands in
+#                                                      # OUT/start; KEY=VALUEs go to stage 1 (a reading lever)
 #
 # Two SFT stages, because one does not make a start GRPO can lift (results/reference_task_probes.md):
 #  1. pocket thoughts: the BFS expert, thinking first, its thought naming the open ways and which of them enter
@@ -14,10 +15,11 @@
 # Each stage resumes from its last checkpoint (trainer.resume=auto), so a rerun after an interruption continues.
 set -euo pipefail
 out=$(realpath -m "${1:-outputs/tiny_start}")
+shift $(( $# > 0 ? 1 : 0 ))
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 python train.py algo=sft model.path=null algo.sft_lookahead=8 algo.sft_mazes=8192 trainer.eval_every=512 \
-    'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets"
+    'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets" "$@"
 pockets="$out/pockets/checkpoints/step_4096/policy"
 [[ -d $pockets ]] || { echo "make_start: stage 1 left no $pockets" >&2; exit 1; }
 echo "stage 1 (pocket thoughts): $((SECONDS - t0)) s"
