@@ -262,11 +262,16 @@ def _check_mix(env) -> None:
         raise ConfigError(f"env.replay_fraction={env.replay_fraction} must be in (0, 1)")
 
 
+def _trained_sizes(env) -> set[int]:
+    """Every maze size a run's training draws (``env.size``, ``env.train_sizes``, the mixture's)."""
+    return {env.size, *env.train_sizes, *(m.size for m in env.train_mix)}
+
+
 def _check_frames_fit(cfg) -> None:
     """Every size the run draws or evaluates must reach the model at its own resolution: a frame larger than
     ``model.max_pixels`` is resized by the processor, and resized walls blur across patches."""
     env = cfg.env
-    sizes = {env.size, *env.train_sizes, *(m.size for m in env.train_mix)}
+    sizes = _trained_sizes(env)
     for name in cfg.trainer.get("eval_suites", None) or []:
         try:
             sizes.update(m.size for m in load_suite(name).mazes)
@@ -432,7 +437,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"{aux} reads the one image token that holds the agent's cell, but env.pad_before="
                               f"{cfg.env.pad_before} with env.pixels_per_cell={ppc} puts the cell across tokens "
                               f"(it starts {inside} px into a 32 px token)")
-        for size in sorted({cfg.env.size, *cfg.env.train_sizes, *(m.size for m in cfg.env.train_mix)}):
+        for size in sorted(_trained_sizes(cfg.env)):
             _, side = frame_side(size, ppc, cfg.env.pad_to, cfg.env.pad_before, cfg.env.view)
             if side * side < cfg.model.min_pixels:
                 raise ConfigError(f"{aux}: a {size}x{size} frame ({side} px a side) is below model.min_pixels="

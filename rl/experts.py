@@ -122,10 +122,8 @@ def expert_dataset(cfg, processor, env: EnvSettings) -> list[Trajectory]:
     if a.sft_random_start > 0:  # start anywhere: the position must be read from the image, not dead-reckoned
         rng = np.random.default_rng([cfg.trainer.seed, 7])
         mazes = [random_start(m, rng) if rng.random() < a.sft_random_start else m for m in mazes]
-    def aux_token(m: Maze) -> int | None:  # the visual auxiliary target's token (conf/schema checks the view)
-        return agent_token(m.size, env.pixels_per_cell, env.pad_to, env.pad_before) if a.sft_aux_weight > 0 else None
-
     return [expert_trajectory(m, conv, env, a.sft_expert, a.sft_noise, seed=cfg.trainer.seed * 100_003 + k,
                               max_turns=a.sft_max_turns, with_thought=a.sft_thought, lookahead=a.sft_lookahead,
-                              aux_token=aux_token(m))
+                              aux_token=agent_token(m.size, env.pixels_per_cell, env.pad_to, env.pad_before)
+                              if a.sft_aux_weight > 0 else None)  # conf/schema checked the view
             for k, m in enumerate(mazes)]

@@ -116,9 +116,7 @@ def train_sft(cfg: DictConfig, run_dir: str, plan: Callable[[], str] | None = No
     expert = expert_dataset(cfg, run.processor, run.env)
     steps_per_epoch = math.ceil(len(expert) / a.sft_batch)
     run.engine.sleep()  # the engine only plays the evals: vLLM frees the GPU; eval pushes the weights first
-    aux = AuxReadout(a.sft_aux_weight) if a.sft_aux_weight > 0 else None
-    if aux is not None and not run.scoring.share_images:
-        raise RuntimeError("algo.sft_aux_weight needs the shared-image forward (not FSDP2)")
+    aux = AuxReadout(a.sft_aux_weight) if a.sft_aux_weight > 0 else None  # a forward it cannot observe raises
     step_loss = aux.loss_fn(loss) if aux is not None else loss
     for step in range(run.start_step, run.total_steps):
         t_step = time.time()
