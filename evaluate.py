@@ -179,7 +179,7 @@ def main(cfg: DictConfig) -> float | None:
     env = EnvSettings.from_config(cfg.env)
     checkpoint = None
     if cfg.policy == "model":
-        from models.build import load_policy  # the model classes take seconds to import: only for a model
+        from models.build import load_policy, weights_sha256  # the model classes take seconds: only for a model
         from models.engines.hf import HFEngine
 
         if cfg.checkpoint is None and cfg.model.name != "tiny":
@@ -199,6 +199,8 @@ def main(cfg: DictConfig) -> float | None:
 
     report, trajs = evaluate_suites(player, list(cfg.suites), cfg.samples)
     report["policy"] = cfg.policy
+    if policy_dir is not None:
+        report["weights_sha256"] = weights_sha256(policy_dir)  # the weights, not the path, made this report
     path = write_report(report, out, checkpoint, None, env)
     table = report_markdown(report)
     (out / "report.md").write_text(f"# Evaluation: {checkpoint or cfg.policy}\n\n{table}")

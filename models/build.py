@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 from pathlib import Path
@@ -24,6 +25,21 @@ def resolve_path(path: str | None) -> str | None:
     if (REPO_ROOT / p).exists():
         return str(REPO_ROOT / p)
     return path  # a hub id
+
+
+def weights_sha256(policy_dir: str | Path) -> str | None:
+    """One sha256 over a saved policy's weight files (``*.safetensors``, by name, then content): which weights a
+    report was made from, whatever path they were read through. ``None`` for a hub id or a dir without them."""
+    files = sorted(Path(policy_dir).glob("*.safetensors")) if Path(policy_dir).is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 FLASH_DTYPES = ("bfloat16", "float16")  # flash-attention kernels take no fp32

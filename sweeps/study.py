@@ -29,11 +29,25 @@ SUITES = ["fixed64", "size7", "size11", "size13", "size15", "gen_backtracker", "
           "random_placement", "size17", "gen_sidewinder", "braided11", "braided13"]  # every frozen suite but select*
 
 
+def hydra_quoted(value: object) -> str:
+    """A value for a Hydra override, quoted: a multirun job's dir (``0_trainer.seed=0,...``) holds ``=`` and ``,``."""
+    if any(c in str(value) for c in "\"\\"):
+        raise SystemExit(f"study: {value} holds a quote or a backslash; move it to a plain path")
+    return f'"{value}"'
+
+
 def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
+    """``out/report.json`` of ``checkpoint`` on ``suites``, evaluated unless that report already holds every suite
+    and was made from the same weights (a start re-made under the same path is evaluated again)."""
+    from models.build import weights_sha256
+
     report = out / "report.json"
-    if not report.is_file() or not set(suites) <= set(json.loads(report.read_text())["suites"]):
-        cmd = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"suites=[{','.join(suites)}]",
-               f"hydra.run.dir={out}", "figures=true"]
+    policy = checkpoint / "policy" if (checkpoint / "manifest.json").is_file() else checkpoint
+    weights = weights_sha256(policy)
+    cached = json.loads(report.read_text()) if report.is_file() else {}
+    if not (set(suites) <= set(cached.get("suites", {})) and weights and cached.get("weights_sha256") == weights):
+        cmd = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={hydra_quoted(checkpoint)}",
+               f"suites=[{','.join(suites)}]", f"hydra.run.dir={hydra_quoted(out)}", "figures=true"]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
     return json.loads(report.read_text())
@@ -44,6 +58,18 @@ def final_checkpoint(job: Path) -> Path:
     if not steps:
         raise SystemExit(f"study: no checkpoint in {job}")
     return steps[-1]
+
+
+def seed_jobs(multirun: Path) -> list[tuple[str, Path]]:
+    """``(seedS, job dir)`` for each job of a multirun over ``trainer.seed``, in seed order, named by the seed each
+    job recorded (its dir name is Hydra's job number and overrides)."""
+    import yaml
+
+    jobs = [p for p in multirun.iterdir() if (p / ".hydra" / "config.yaml").is_file()]
+    seeds = {p: int(yaml.safe_load((p / ".hydra" / "config.yaml").read_text())["trainer"]["seed"]) for p in jobs}
+    if len(set(seeds.values())) != len(jobs):
+        raise SystemExit(f"study: the jobs of {multirun} do not differ in trainer.seed alone: {sorted(seeds.values())}")
+    return [(f"seed{seeds[p]}", p) for p in sorted(jobs, key=seeds.get)]
 
 
 def pooled(reports: list[dict], suite: str) -> tuple[float, tuple[float, float], list[float]]:
@@ -154,11 +180,11 @@ def main() -> None:
     (out / "eval").mkdir(parents=True, exist_ok=True)
 
     start = evaluate(args.start, out / "eval" / "sft_start", suites)
-    jobs = sorted(p for p in args.seeds.iterdir() if (p / ".hydra").is_dir())
-    ends = [evaluate(final_checkpoint(j), out / "eval" / f"grpo_end_{j.name.split('_')[0]}", suites) for j in jobs]
+    jobs = seed_jobs(args.seeds)
+    ends = [evaluate(final_checkpoint(job), out / "eval" / f"grpo_end_{name}", suites) for name, job in jobs]
 
     notes = args.notes.read_text() if args.notes else ""
-    lines = study_tables(start, ends, [j.name for j in jobs], suites, notes)
+    lines = study_tables(start, ends, [name for name, _ in jobs], suites, notes)
 
     seeds_summary = out / "seeds"
     subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), str(args.seeds), "--out", str(seeds_summary)],

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ def test_every_committed_sweep_composes(name):
     assert "trainer.seed" in params and len(params) >= 2
 
 
-def test_multirun_and_summary(tmp_path):
+def test_multirun_and_summary(tmp_path, monkeypatch):
     sweep_dir = tmp_path / "multirun"
     args = ["-m", "algo.group_size=2,3", "algo.mazes_per_step=1", "env.max_turns=2", "algo.max_new_tokens=8",
             "trainer.steps=1", "trainer.eval_every=1", "trainer.eval_suites=[size7]", "trainer.save_every=0",
@@ -59,6 +60,32 @@ def test_multirun_and_summary(tmp_path):
     assert "Made by the test." in text and "## Failures on every suite" in text
     for failure in start["suites"]["size7"]["failures"]:
         assert f"failure: {failure}" in text
+
+    # the study's own evaluation: a job's dir (Hydra names it "0_algo.group_size=2,...") reaches evaluate.py as one
+    # override, and a cached report is reused only for the same suites and the same weights
+    import study
+    from safetensors.torch import load_file, save_file
+
+    from models.build import weights_sha256
+
+    with pytest.raises(SystemExit, match="do not differ in trainer.seed alone"):
+        study.seed_jobs(sweep_dir)  # these jobs differ in group size, not seed
+    runs = []
+    real_run = study.subprocess.run
+    monkeypatch.setattr(study.subprocess, "run", lambda cmd, **kw: runs.append(cmd) or real_run(cmd, **kw))
+    ckpt = study.final_checkpoint(jobs[0])
+    assert "=" in str(ckpt) and "," in str(ckpt)
+    report = study.evaluate(ckpt, tmp_path / "eval_job", ["size7"])
+    assert report["weights_sha256"] == weights_sha256(ckpt / "policy") and len(runs) == 1
+    assert study.evaluate(ckpt, tmp_path / "eval_job", ["size7"]) == report and len(runs) == 1  # cached
+    policy = tmp_path / "start"  # a start re-made under the same path: other weights, same name
+    shutil.copytree(ckpt / "policy", policy)
+    study.evaluate(policy, tmp_path / "eval_start", ["size7"])
+    weights = load_file(policy / "model.safetensors")
+    name = next(iter(weights))
+    save_file({**weights, name: weights[name] + 1.0}, policy / "model.safetensors", metadata={"format": "pt"})
+    again = study.evaluate(policy, tmp_path / "eval_start", ["size7"])
+    assert len(runs) == 3 and again["weights_sha256"] == weights_sha256(policy) != report["weights_sha256"]
 
 
 def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
