@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~55 min on 2 cores).
+# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~40 min on 2 cores).
 #
 #   bash sweeps/make_start.sh [OUT [KEY=VALUE ...]]   # OUT defaults to outputs/tiny_start; the start lands in
 #                                                      # OUT/start; KEY=VALUEs go to stage 1 (a reading lever)
 #
 # Two SFT stages, because one does not make a start GRPO can lift (results/reference_task_probes.md):
 #  1. pocket thoughts: the BFS expert, thinking first, its thought naming the open ways and which of them enter
-#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~40 min). This is checkpoints/tiny_sft_pockets4.
+#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~33 min). A visual auxiliary target
+#     (algo.sft_aux_weight=1) asks a fixed readout of the agent's image token for the same truth, so the gradient
+#     reaches the vision tower directly. This is checkpoints/tiny_sft_pockets4.
 #  2. reading without acting: 256 steps from stage 1 with the greedy expert (depth-first toward the goal, which
 #     enters pockets), the thought unchanged (~5 min). Its thought still names the pockets; its moves ignore them.
 # GRPO at CPU scale teaches a policy to act on what its network already reads, not the reading itself: stage 2
@@ -18,8 +20,8 @@ out=$(realpath -m "${1:-outputs/tiny_start}")
 shift $(( $# > 0 ? 1 : 0 ))
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-python train.py algo=sft model.path=null algo.sft_lookahead=8 algo.sft_mazes=8192 trainer.eval_every=512 \
-    'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets" "$@"
+python train.py algo=sft model.path=null algo.sft_lookahead=8 algo.sft_mazes=8192 algo.sft_aux_weight=1 \
+    trainer.eval_every=512 'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets" "$@"
 pockets="$out/pockets/checkpoints/step_4096/policy"
 [[ -d $pockets ]] || { echo "make_start: stage 1 left no $pockets" >&2; exit 1; }
 echo "stage 1 (pocket thoughts): $((SECONDS - t0)) s"
