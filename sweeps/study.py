@@ -20,9 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from models.build import weights_sha256  # noqa: E402
 from rl.evaluation import wilson_interval  # noqa: E402
 
 SUITES = ["fixed64", "size7", "size11", "size13", "size15", "gen_backtracker", "gen_prim", "gen_kruskal", "braided",
@@ -39,8 +42,6 @@ def hydra_quoted(value: object) -> str:
 def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
     """``out/report.json`` of ``checkpoint`` on ``suites``, evaluated unless that report already holds every suite
     and was made from the same weights (a start re-made under the same path is evaluated again)."""
-    from models.build import weights_sha256
-
     report = out / "report.json"
     policy = checkpoint / "policy" if (checkpoint / "manifest.json").is_file() else checkpoint
     weights = weights_sha256(policy)
@@ -63,8 +64,6 @@ def final_checkpoint(job: Path) -> Path:
 def seed_jobs(multirun: Path) -> list[tuple[str, Path]]:
     """``(seedS, job dir)`` for each job of a multirun over ``trainer.seed``, in seed order, named by the seed each
     job recorded (its dir name is Hydra's job number and overrides)."""
-    import yaml
-
     jobs = [p for p in multirun.iterdir() if (p / ".hydra" / "config.yaml").is_file()]
     seeds = {p: int(yaml.safe_load((p / ".hydra" / "config.yaml").read_text())["trainer"]["seed"]) for p in jobs}
     if len(set(seeds.values())) != len(jobs):
