@@ -82,7 +82,8 @@ class AlgoConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 0
     lr_schedule: str = "cosine"  # cosine (to 0 at the last step) | constant, after the linear warmup; cosine is the
-    # CPU recipe's (at a constant 3e-4 two of three seeds fell back from their peak by step 80: results/README.md)
+    # CPU recipe's (at a constant 3e-4 two of three seeds fell back from their peak by step 80, on the previous
+    # start: results/provenance.md)
     adv_estimator: str = "grpo"  # grpo | rloo
     adv_level: str = "turn"  # episode | turn: GiGPO's step-level advantage from shared anchor states, added
     step_adv_weight: float = 1.0  # adv_level=turn: weight of the step-level advantage

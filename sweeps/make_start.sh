@@ -10,7 +10,7 @@
 #     (algo.sft_aux_weight=1) asks a fixed readout of the agent's image token for the same truth, so the gradient
 #     reaches the vision tower directly. This is checkpoints/tiny_sft_pockets4.
 #  2. reading without acting: 256 steps from stage 1 with the greedy expert (depth-first toward the goal, which
-#     enters pockets), the thought unchanged (~5 min). Its thought still names the pockets; its moves ignore them.
+#     enters pockets), the thought unchanged (~4 min). Its thought still names the pockets; its moves ignore them.
 # GRPO at CPU scale teaches a policy to act on what its network already reads, not the reading itself: stage 2
 # leaves exactly that part to learn. The start is stage 2's checkpoint (step 128 or 256) that sweeps/pick_start.py
 # chooses on select64, never fixed64: greedy rate nearest 0.45 among those whose sampled groups are mixed often.
