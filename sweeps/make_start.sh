@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~40 min on 2 cores).
+# The default GRPO start (checkpoints/tiny_sft) from a random tiny Qwen3-VL, in one command (~43 min on 2 cores).
 #
 #   bash sweeps/make_start.sh [OUT [KEY=VALUE ...]]   # OUT defaults to outputs/tiny_start; the start lands in
 #                                                      # OUT/start; KEY=VALUEs go to stage 1 (a reading lever)
 #
 # Two SFT stages, because one does not make a start GRPO can lift (results/reference_task_probes.md):
 #  1. pocket thoughts: the BFS expert, thinking first, its thought naming the open ways and which of them enter
-#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~33 min). A visual auxiliary target
+#     a dead-end pocket (algo.sft_lookahead=8); 8,192 mazes x 2 epochs (~35 min). A visual auxiliary target
 #     (algo.sft_aux_weight=1) asks a fixed readout of the agent's image token for the same truth, so the gradient
 #     reaches the vision tower directly. This is checkpoints/tiny_sft_pockets4.
 #  2. reading without acting: 256 steps from stage 1 with the greedy expert (depth-first toward the goal, which
