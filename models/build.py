@@ -27,10 +27,12 @@ def resolve_path(path: str | None) -> str | None:
     return path  # a hub id
 
 
-def weights_sha256(policy_dir: str | Path) -> str | None:
-    """One sha256 over a saved policy's weight files (``*.safetensors``, by name, then content): which weights a
-    report was made from, whatever path they were read through. ``None`` for a hub id or a dir without them."""
-    files = sorted(Path(policy_dir).glob("*.safetensors")) if Path(policy_dir).is_dir() else []
+def weights_sha256(path: str | Path) -> str | None:
+    """One sha256 over a saved policy's weight files (``*.safetensors``, by name, then content; a vlmaze checkpoint
+    dir's are in its ``policy/``): which weights a report was made from, whatever path they were read through.
+    ``None`` for a hub id or a dir without them."""
+    path = Path(path) / "policy" if (Path(path) / "policy").is_dir() else Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
         return None
     digest = hashlib.sha256()

@@ -21,7 +21,8 @@ shift $(( $# > 0 ? 1 : 0 ))
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 python train.py algo=sft model.path=null algo.sft_lookahead=8 algo.sft_mazes=8192 algo.sft_aux_weight=1 \
-    trainer.eval_every=512 'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/pockets" "$@"
+    trainer.eval_every=512 'trainer.eval_suites=[select64]' trainer.save_every=512 trainer.keep_last=10 \
+    hydra.run.dir="$out/pockets" "$@"
 pockets="$out/pockets/checkpoints/step_4096/policy"
 [[ -d $pockets ]] || { echo "make_start: stage 1 left no $pockets" >&2; exit 1; }
 echo "stage 1 (pocket thoughts): $((SECONDS - t0)) s"

@@ -43,8 +43,7 @@ def evaluate(checkpoint: Path, out: Path, suites: list[str]) -> dict:
     """``out/report.json`` of ``checkpoint`` on ``suites``, evaluated unless that report already holds every suite
     and was made from the same weights (a start re-made under the same path is evaluated again)."""
     report = out / "report.json"
-    policy = checkpoint / "policy" if (checkpoint / "manifest.json").is_file() else checkpoint
-    weights = weights_sha256(policy)
+    weights = weights_sha256(checkpoint)
     cached = json.loads(report.read_text()) if report.is_file() else {}
     if not (set(suites) <= set(cached.get("suites", {})) and weights and cached.get("weights_sha256") == weights):
         cmd = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={hydra_quoted(checkpoint)}",
