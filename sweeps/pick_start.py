@@ -5,7 +5,9 @@ For each ``RUN/checkpoints/step_N/policy`` it measures the two things a GRPO sta
 - ``greedy``: the greedy solve rate on ``--suite`` (default ``select64``, never ``fixed64``, which stays
   a test set), at the environment's default turn budget, on the observation the checkpoint's run recorded;
 - ``mixed``: the fraction of GRPO groups (``--group-size`` samples of one training maze at T = 1) whose
-  episodes have both outcomes, i.e. groups that carry a learning signal under the sparse success.
+  episodes have both outcomes, i.e. groups that carry a learning signal under the sparse success. The training
+  mazes are drawn from the distribution the checkpoint's run recorded (its ``env.train_mix`` or one kind), the
+  one a GRPO run from it on the same ``env`` trains on.
 
 It prints one row per checkpoint and, with ``--out DIR``, copies the policy of the checkpoint whose greedy
 rate is nearest ``--target`` among those with ``mixed >= --min-mixed`` (ties: the earlier step).
@@ -29,9 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def measure(policy_dir: Path, suite: str, train_mazes: int, group_size: int, seed: int) -> dict:
     import torch
-    from omegaconf import OmegaConf
 
-    from conf.recorded import recorded
     from maze.env import EnvSettings
     from maze.sampler import TrainSampler
     from maze.suites import load_suite
@@ -41,20 +41,29 @@ def measure(policy_dir: Path, suite: str, train_mazes: int, group_size: int, see
     from rl.rollout import rollout
 
     torch.manual_seed(seed)
-    # the observation the checkpoint's run trained on (its recorded env.*), over the defaults
-    default = _default_env()
-    env = EnvSettings.from_config(OmegaConf.merge(default, {k: v for k, v in recorded(policy_dir, "env").items()
-                                                            if k in default}))
+    env_cfg = recorded_env(policy_dir)
+    env = EnvSettings.from_config(env_cfg)
     model, processor = load_policy_dir(policy_dir)
     engine = HFEngine(model, processor)
     greedy = rollout(engine, processor, list(load_suite(suite).mazes), 1, env,
                      SamplingParams(temperature=0.0, max_new_tokens=24))
-    mazes = TrainSampler(sizes=(9,), seed=10_000 + seed).take(train_mazes)
+    mazes = TrainSampler.from_config(env_cfg, seed=10_000 + seed).take(train_mazes)
     sampled = rollout(engine, processor, mazes, group_size, env,
                       SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed))
     wins = np.array([t.success for t in sampled], dtype=float).reshape(train_mazes, group_size)
     return {"greedy": float(np.mean([t.success for t in greedy])), "sampled": float(wins.mean()),
             "mixed": float(np.mean((wins.min(1) == 0) & (wins.max(1) == 1)))}
+
+
+def recorded_env(policy_dir: Path):
+    """The ``env.*`` config the checkpoint's run recorded (its observation and training distribution), over the
+    defaults."""
+    from omegaconf import OmegaConf
+
+    from conf.recorded import recorded
+
+    default = _default_env()
+    return OmegaConf.merge(default, {k: v for k, v in recorded(policy_dir, "env").items() if k in default})
 
 
 def _default_env():

@@ -134,19 +134,11 @@ def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[
     return lines
 
 
-def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[str], notes: str = "") -> list[str]:
-    """results/README.md's tables from the start's and each seed's final evaluate.py report."""
-    lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
-             "Produced by `sweeps/study.py`; greedy decoding, one episode per "
-             "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
-             f"{len(ends)} seeds ({', '.join(names)}); each seed plays the same mazes, so its pooled interval "
-             "measures episode noise on these mazes, and the per-seed column shows how much seeds differ.", ""]
-    if notes:
-        lines += [notes.strip(), ""]
-    lines += ["## Solve rate, SFT start vs GRPO end", "",
-              "| suite | n | SFT start | GRPO end (pooled) | per seed | diff "
-              "| paired per seed: net (gained, lost) mazes | intervals apart |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+def solve_rows(start: dict, ends: list[dict], suites: list[str]) -> list[str]:
+    """One row per suite: the start, the pooled end with its interval, each seed, and the paired gains."""
+    lines = ["| suite | n | SFT start | GRPO end (pooled) | per seed | diff "
+             "| paired per seed: net (gained, lost) mazes | intervals apart |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in suites:
         a = start["suites"][s]
         rate, ci, rates = pooled(ends, s)
@@ -156,6 +148,28 @@ def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[s
                      f"{rate - a['success_rate']:+.3f} | "
                      f"{'; '.join(f'{g - lo:+d} ({g}, {lo})' for g, lo in (paired(start, e, s) for e in ends))} | "
                      f"{'yes' if apart else 'no'} |")
+    return lines
+
+
+def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[str], notes: str = "",
+                 unseen: tuple[str, ...] = ()) -> list[str]:
+    """results/README.md's tables from the start's and each seed's final evaluate.py report; the ``unseen`` suites
+    (kinds the training distribution never draws) get a table of their own after the others."""
+    lines = ["# Results: tiny Qwen3-VL on CPU, SFT start -> GRPO", "",
+             "Produced by `sweeps/study.py`; greedy decoding, one episode per "
+             "maze, 95 % Wilson intervals. GRPO end pools the final checkpoints of "
+             f"{len(ends)} seeds ({', '.join(names)}); each seed plays the same mazes, so its pooled interval "
+             "measures episode noise on these mazes, and the per-seed column shows how much seeds differ.", ""]
+    if notes:
+        lines += [notes.strip(), ""]
+    trained = [s for s in suites if s not in unseen]
+    if unseen:
+        lines += ["## Solve rate on unseen mazes of trained kinds, SFT start vs GRPO end", "",
+                  *solve_rows(start, ends, trained), "",
+                  "## Solve rate on unseen kinds, SFT start vs GRPO end", "",
+                  *solve_rows(start, ends, [s for s in suites if s in unseen])]
+    else:
+        lines += ["## Solve rate, SFT start vs GRPO end", "", *solve_rows(start, ends, suites)]
     head = "fixed64" if "fixed64" in suites else suites[0]
     lines += ["", f"## Failure breakdown before and after ({head})", "", *failures_table(start, ends, head), "",
               "## Failures on every suite (share of episodes, SFT start → GRPO end, mean over seeds)", "",
@@ -172,8 +186,14 @@ def main() -> None:
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--notes", type=Path, default=None, help="markdown put under the intro (provenance)")
+    ap.add_argument("--unseen", default="", help="comma-separated suites of kinds the training never draws: "
+                    "tabulated apart from the others")
+    ap.add_argument("--curve-suite", default="fixed64", help="the suite of the seeds' learning curves")
     args = ap.parse_args()
     suites = args.suites.split(",")
+    unseen = tuple(s for s in args.unseen.split(",") if s)
+    if not set(unseen) <= set(suites):
+        raise SystemExit(f"study: --unseen {sorted(set(unseen) - set(suites))} not among --suites")
     out = args.out
     (out / "eval").mkdir(parents=True, exist_ok=True)
 
@@ -182,13 +202,13 @@ def main() -> None:
     ends = [evaluate(final_checkpoint(job), out / "eval" / f"grpo_end_{name}", suites) for name, job in jobs]
 
     notes = args.notes.read_text() if args.notes else ""
-    lines = study_tables(start, ends, [name for name, _ in jobs], suites, notes)
+    lines = study_tables(start, ends, [name for name, _ in jobs], suites, notes, unseen)
 
     seeds_summary = out / "seeds"
-    subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), str(args.seeds), "--out", str(seeds_summary)],
-                   check=True)
+    subprocess.run([sys.executable, str(ROOT / "sweeps/summarize.py"), str(args.seeds), "--out", str(seeds_summary),
+                    "--suite", args.curve_suite], check=True)
     shutil.copy(seeds_summary / "curves.png", out / "curve_seeds.png")
-    lines += ["## GRPO learning curve (fixed64, mean ± std over seeds)", "", "![](curve_seeds.png)", ""]
+    lines += [f"## GRPO learning curve ({args.curve_suite}, mean ± std over seeds)", "", "![](curve_seeds.png)", ""]
     for spec in args.sweep:
         name, _, path = spec.partition("=")
         path, _, suite = path.partition(":")

@@ -58,6 +58,10 @@ def test_multirun_and_summary(tmp_path, monkeypatch):
             for end in solved[1:]]
     assert f"| {'; '.join(nets)} |" in row  # paired: the same mazes, gained and lost
     assert "Made by the test." in text and "## Failures on every suite" in text
+    split = "\n".join(study_tables(start, ends, [j.name for j in jobs], ["size7"], unseen=("size7",)))
+    trained, _, unseen = split.partition("## Solve rate on unseen kinds")
+    assert "## Solve rate on unseen mazes of trained kinds" in trained and "| size7 | 32 |" not in trained
+    assert row in unseen.splitlines()  # the same row, in the unseen kinds' table
     for failure in start["suites"]["size7"]["failures"]:
         assert f"failure: {failure}" in text
 
@@ -86,6 +90,30 @@ def test_multirun_and_summary(tmp_path, monkeypatch):
     save_file({**weights, name: weights[name] + 1.0}, policy / "model.safetensors", metadata={"format": "pt"})
     again = study.evaluate(policy, tmp_path / "eval_start", ["size7"])
     assert len(runs) == 3 and again["weights_sha256"] == weights_sha256(policy) != report["weights_sha256"]
+
+
+def test_pick_start_draws_groups_from_the_recorded_training_distribution(tmp_path):
+    """sweeps/pick_start.py measures a start's GRPO groups on the mazes a run from it trains on: the distribution
+    its run recorded (a mixture of sizes for the generalist's start, 9x9 for the default one)."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    from pick_start import recorded_env
+
+    from maze.sampler import TrainSampler
+
+    default = TrainSampler.from_config(recorded_env(ROOT / "checkpoints/tiny_sft"), seed=7).take(8)
+    assert [m.layout_hash for m in default] == [m.layout_hash for m in TrainSampler(sizes=(9,), seed=7).take(8)]
+    policy = tmp_path / "mix_start"
+    shutil.copytree(ROOT / "checkpoints/tiny_sft", policy)
+    record = yaml.safe_load((policy / "vlmaze_config.yaml").read_text())
+    record["env"]["train_mix"] = [{"size": 7, "generator": "prim", "braid": 0.0, "placement": "corners4",
+                                   "weight": 1.0},
+                                  {"size": 13, "generator": "wilson", "braid": 0.0, "placement": "corners4",
+                                   "weight": 1.0}]
+    (policy / "vlmaze_config.yaml").write_text(yaml.safe_dump(record))
+    sizes = {m.size for m in TrainSampler.from_config(recorded_env(policy), seed=7).take(16)}
+    assert sizes == {7, 13}
 
 
 def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
