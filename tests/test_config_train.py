@@ -47,6 +47,19 @@ def test_experiment_reference_8b_composes():
     validate(cfg)
 
 
+def test_experiment_cpu_generalist_composes_and_trains_on_no_unseen_kind():
+    """The generalist's mixture draws sizes 7-13 and leaves out what its held-out 'unseen kinds' suites hold: 15x15
+    and 17x17, the sidewinder generator, braided or randomly placed mazes at any size but 9."""
+    cfg = _compose(["+experiment=cpu_generalist"])
+    validate(cfg)
+    mix = cfg.env.train_mix
+    assert {m.size for m in mix} == {7, 9, 11, 13}
+    assert "sidewinder" not in {m.generator for m in mix}
+    assert all(m.size == 9 for m in mix if m.braid > 0 or m.placement != "corners4")
+    assert (ROOT / cfg.model.path / "vlmaze_config.yaml").is_file()
+    assert all(s.startswith("select") for s in cfg.trainer.eval_suites)  # chosen on the selection suites
+
+
 def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
     with pytest.raises((ConfigCompositionException, ConfigKeyError)):
         _compose(["algo.group_sise=4"])
