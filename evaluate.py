@@ -87,8 +87,8 @@ def adopt_run_settings(cfg: DictConfig, policy_dir: Path | str) -> None:
                 if OmegaConf.select(cfg, name) != value:
                     kept.append(f"{name}={OmegaConf.select(cfg, name)} (run: {value})")
                 continue
-            if OmegaConf.select(cfg, name) != value:
-                OmegaConf.update(cfg, name, value, merge=False)
+            if OmegaConf.select(cfg, name) != value:  # a list (env.train_mix) is validated element by element
+                OmegaConf.update(cfg, name, value, merge=isinstance(value, list))
                 adopted.append(f"{name}={value}")
     if cfg.max_new_tokens == 0 and "algo" in recorded:
         cfg.max_new_tokens = int(recorded["algo"]["max_new_tokens"])

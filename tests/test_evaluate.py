@@ -247,6 +247,16 @@ def test_checkpoint_records_its_run_and_evaluate_uses_it(tmp_path):
     assert bare.returncode == 0 and "records no run config" in bare.stdout + bare.stderr, bare.stderr[-2000:]
 
 
+def test_evaluate_a_checkpoint_trained_on_a_mixture(tmp_path):
+    """A run's recorded ``env.train_mix`` (a list of typed kinds) is adopted like any other key: the generalist's
+    start evaluates, and says it adopted the mixture it was trained on."""
+    proc = _evaluate(["checkpoint=checkpoints/tiny_sft_mix", "suites=[size7]", "figures=false", "env.max_turns=1",
+                      f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "env.train_mix=[{'size': 7," in proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["suites"]["size7"]["n"] == 32
+
+
 def test_greedy_explores_the_pocket_and_lookahead8_does_not():
     from maze.core import Maze
     from maze.env import EnvSettings
