@@ -6,7 +6,7 @@
 #                                                      # and the env ones (env=..., env.*=...) to stage 2 as well
 #
 # The generalist's start (+experiment=cpu_generalist) is stage 1 continued from this one's pocket stage on the
-# training mixture conf/env/maze_mix.yaml, then the same stage 2 and pick on that mixture (~35 min):
+# training mixture conf/env/maze_mix.yaml, then the same stage 2 and pick on that mixture (~41 min):
 #   bash sweeps/make_start.sh outputs/generalist_start env=maze_mix model.path=checkpoints/tiny_sft_pockets4 \
 #       algo.sft_mazes=8192 algo.sft_epochs=1 algo.lr=1e-3
 #
