@@ -162,10 +162,9 @@ def study_tables(start: dict, ends: list[dict], names: list[str], suites: list[s
              "measures episode noise on these mazes, and the per-seed column shows how much seeds differ.", ""]
     if notes:
         lines += [notes.strip(), ""]
-    trained = [s for s in suites if s not in unseen]
     if unseen:
         lines += ["## Solve rate on unseen mazes of trained kinds, SFT start vs GRPO end", "",
-                  *solve_rows(start, ends, trained), "",
+                  *solve_rows(start, ends, [s for s in suites if s not in unseen]), "",
                   "## Solve rate on unseen kinds, SFT start vs GRPO end", "",
                   *solve_rows(start, ends, [s for s in suites if s in unseen])]
     else:
