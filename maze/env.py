@@ -83,6 +83,12 @@ def turn_budget(size: int, max_turns: int = REFERENCE_TURNS, ref_size: int = REF
     return max(max_turns, math.ceil(max_turns * (size / ref_size) ** 2))
 
 
+def fewest_turns(moves: int, max_moves_per_turn: int = 1, require_stop: bool = True) -> int:
+    """The fewest turns that walk a path of ``moves`` moves and end the episode: ``max_moves_per_turn`` moves a
+    turn, plus the final ``stop`` with ``require_stop``. More than the turn budget: no policy solves the maze."""
+    return -(-moves // max_moves_per_turn) + int(require_stop)
+
+
 def training_sizes(env) -> list[int]:
     """The maze sizes an ``env.*`` config trains on (``conf/schema.EnvConfig``): its ``train_mix``'s, else
     ``train_sizes``, else ``size``. One answer for the sampler, the turn budget of the step and the memory plan."""
@@ -462,6 +468,14 @@ class MazeEnv(gym.Env):
         return self.settings.turns_for(self.maze.size if self.maze is not None else self.size)
 
     @property
+    def fewest_turns(self) -> int:
+        """The fewest turns that solve this episode: the BFS path's moves, ``max_moves_per_turn`` a turn, plus the
+        final ``stop`` with ``require_stop``. An episode whose ``fewest_turns`` exceeds ``max_turns`` cannot be
+        solved by any policy (a suite's ceiling, ``rl.evaluation``: the reference's 64 mazes all fit their 20 turns;
+        other suites hold a few whose shortest path needs 20 moves or more)."""
+        return fewest_turns(int(self._to_goal[self.maze.start]), self.max_moves_per_turn, self.require_stop)
+
+    @property
     def system_prompt(self) -> str:
         """The conversation's system message (the reference's names the maze size)."""
         if self.interface == "reference":
@@ -579,6 +593,8 @@ class MazeEnv(gym.Env):
             "revisits": self.revisits,
             "visited_cells": len(self._visited),
             "optimal_steps": int(self._to_goal[self.maze.start]),
+            "fewest_turns": self.fewest_turns,
+            "turn_budget": self.max_turns,
             "distance_to_goal": int(self._to_goal[self.position]),
             "success": self.success,
             "stopped_wrong": self.stopped_wrong,

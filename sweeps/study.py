@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.build import weights_sha256  # noqa: E402
-from rl.evaluation import wilson_interval  # noqa: E402
+from rl.evaluation import suite_ceiling, wilson_interval  # noqa: E402
 
 SUITES = ["fixed64", "size7", "size11", "size13", "size15", "gen_backtracker", "gen_prim", "gen_kruskal", "braided",
           "random_placement", "size17", "gen_sidewinder", "braided11", "braided13"]  # every frozen suite but select*
@@ -135,15 +135,17 @@ def failures_by_suite(start: dict, ends: list[dict], suites: list[str]) -> list[
 
 
 def solve_rows(start: dict, ends: list[dict], suites: list[str]) -> list[str]:
-    """One row per suite: the start, the pooled end with its interval, each seed, and the paired gains."""
-    lines = ["| suite | n | SFT start | GRPO end (pooled) | per seed | diff "
+    """One row per suite: its ceiling (what any policy could solve in the budget), the start, the pooled end with
+    its interval, each seed, and the paired gains."""
+    lines = ["| suite | n | ceiling | SFT start | GRPO end (pooled) | per seed | diff "
              "| paired per seed: net (gained, lost) mazes | intervals apart |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in suites:
         a = start["suites"][s]
         rate, ci, rates = pooled(ends, s)
         apart = ci[0] > a["ci95"][1] or ci[1] < a["ci95"][0]
-        lines.append(f"| {s} | {a['n']} | {a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
+        lines.append(f"| {s} | {a['n']} | {suite_ceiling(start, s):.3f} | "
+                     f"{a['success_rate']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}] | "
                      f"{rate:.3f} [{ci[0]:.2f}, {ci[1]:.2f}] | {' / '.join(f'{r:.3f}' for r in rates)} | "
                      f"{rate - a['success_rate']:+.3f} | "
                      f"{'; '.join(f'{g - lo:+d} ({g}, {lo})' for g, lo in (paired(start, e, s) for e in ends))} | "

@@ -1,5 +1,6 @@
 """Evaluation harness: reference policies, failure analysis, intervals, report schema, CLI errors."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import maze
 from maze.analysis import count_loops, dead_end_stats, failure_class
 from maze.core import MOVES, Maze
 from maze.env import EnvSettings
-from rl.evaluation import evaluate_suites, pass_at_k, summarize, wilson_interval
+from rl.evaluation import evaluate_suites, pass_at_k, suite_ceiling, summarize, wilson_interval
 from rl.policies import play
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,36 @@ def test_oracle_solves_every_suite_optimally():
         assert s["success_rate"] == 1.0, name
         assert s["mean_step_ratio"] == pytest.approx(1.0), name
         assert s["mean_loops"] == 0 and s["mean_dead_end_entries"] == 0 and s["failures"] == {}
+
+
+def test_each_suite_ceiling_is_what_the_oracle_solves_at_the_reference_budget():
+    """At 20 turns a 9x9 maze whose shortest path has 20+ moves cannot be solved (the stop is a turn): the report's
+    ``ceiling`` counts the episodes that fit, and the oracle solves exactly those."""
+    report, _ = evaluate_suites(lambda mazes, k: play("oracle", mazes, EnvSettings(), 0, k), maze.suite_names())
+    for name, s in report["suites"].items():
+        assert s["success_rate"] == s["ceiling"], name
+    for r in report["episodes"]:
+        assert r["solvable"] == r["success"] == (r["optimal_steps"] + 1 <= maze.env.turn_budget(r["size"])), r
+    assert report["suites"]["fixed64"]["ceiling"] == 1.0  # the reference's 64 all fit its budget
+    assert min(s["ceiling"] for s in report["suites"].values()) < 1.0
+    # reports written before the key: the same ceiling from their episodes and recorded env
+    old = {"suites": {n: {k: v for k, v in s.items() if k != "ceiling"} for n, s in report["suites"].items()},
+           "episodes": [{k: v for k, v in r.items() if k != "solvable"} for r in report["episodes"]],
+           "env": dataclasses.asdict(EnvSettings())}
+    assert all(suite_ceiling(old, n) == s["ceiling"] for n, s in report["suites"].items())
+    old["env"]["max_turns"] = 30
+    assert suite_ceiling(old, "select64") == 1.0
+
+
+def test_fewest_turns_counts_moves_per_turn_and_the_stop():
+    m = maze.load_suite("fixed64").mazes[0]
+    moves = maze.core.optimal_steps(m)
+    for per_turn, stop, want in ((1, True, moves + 1), (1, False, moves), (3, True, -(-moves // 3) + 1)):
+        e = maze.MazeEnv(EnvSettings(max_moves_per_turn=per_turn, require_stop=stop))
+        e.reset(options={"maze": m})
+        assert e.fewest_turns == want
+        _, _, _, _, info = e.step("<action>up</action>")
+        assert info["fewest_turns"] == want and info["turn_budget"] == 20
 
 
 def expected_random_success(m: Maze, turns: int) -> float:
