@@ -18,6 +18,8 @@ on a suite (32 ``select64`` mazes by default), each turn's ``<think>`` compared 
 
     python bench/reading.py checkpoints/tiny_sft_pockets4 checkpoints/tiny_sft outputs/<run>/checkpoints/step_80
 
+    python bench/reading.py A B --fresh 256   # 256 fresh 9x9 mazes instead of a suite: rankings near the ceiling
+
 Each argument is a policy directory or a checkpoint directory holding ``policy/``; each is played on the
 observation it was trained with (its recorded ``env``). Prints one markdown table (a row per checkpoint) and, below
 it, the counts the shares come from. About a minute per checkpoint for 32 mazes on 2 cores.
@@ -30,6 +32,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+FRESH_SEED = 999  # --fresh: the sampler stream no training run uses (runs use trainer.seed 0, 1, 2, ...)
 
 
 def score(trajs, lookahead: int) -> tuple[dict[str, int], dict[int, list[int]], dict[str, list[int]]]:
@@ -112,7 +117,8 @@ def policy_dir(path: Path) -> Path:
 
 def main() -> None:
     from conf.recorded import RecordError, recorded
-    from maze.env import EnvSettings
+    from maze.core import optimal_steps
+    from maze.env import EnvSettings, fewest_turns, turn_budget
     from maze.suites import load_suite
     from models.build import load_policy_dir
     from models.engines.base import SamplingParams
@@ -126,6 +132,10 @@ def main() -> None:
                         "algo.sft_lookahead, else its reward.thought_lookahead, else 8)")
     p.add_argument("--suite", default="select64")
     p.add_argument("--mazes", type=int, default=32)
+    p.add_argument("--fresh", type=int, default=0,
+                   help="instead of --suite: this many fresh 9x9 Wilson mazes (four corner pairs) from the training "
+                        "sampler's stream for seed 999, which no run trains on (eval layouts skipped), the same for "
+                        "every checkpoint: a ranking with more mazes than a suite holds (no layout is frozen)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     args = p.parse_args()
     if args.lookahead is not None and args.lookahead < 1:
@@ -135,7 +145,16 @@ def main() -> None:
         records = [(recorded(d, "algo"), recorded(d, "reward"), recorded(d, "env")) for d in dirs]
     except RecordError as err:
         raise SystemExit(f"error: {err}") from None
-    mazes = list(load_suite(args.suite).mazes[:args.mazes])
+    if args.fresh:
+        from itertools import islice
+
+        from maze.sampler import TrainSampler
+        mazes, source = list(islice(TrainSampler(seed=FRESH_SEED), args.fresh)), f"{args.fresh} fresh 9x9 mazes"
+    else:
+        mazes = list(load_suite(args.suite).mazes[:args.mazes])
+        source = f"{args.suite} x {len(mazes)} mazes"
+    budget = EnvSettings().max_turns
+    solvable = sum(fewest_turns(optimal_steps(m)) <= turn_budget(m.size, budget) for m in mazes)
     lines, details = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"], []
     for name, path, (algo, reward, env_record) in zip(args.checkpoints, dirs, records):
         # a GRPO run records algo.sft_lookahead=0; its thought is its start's, which reward.thought_lookahead names
@@ -151,7 +170,8 @@ def main() -> None:
                        + "; named/true (named but not) by way "
                        + ", ".join(f"{w}: {v[0]}/{v[1]} ({v[2]})" for w, v in by_way.items()))
         print(lines[-1], flush=True)
-    print(f"\nreading, {args.suite} x {len(mazes)} mazes, greedy, one episode each:\n")
+    print(f"\nreading, {source}, greedy, one episode each ({solvable} of them solvable within "
+          f"{budget} turns at 9x9: the ceiling {solvable / len(mazes):.3f}):\n")
     print("\n".join(lines))
     print()
     print("\n".join(details))

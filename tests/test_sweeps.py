@@ -190,6 +190,18 @@ def test_the_reading_bench_prints_one_row_per_checkpoint_and_refuses_a_wrong_pat
     table = [ln for ln in out.splitlines() if ln.startswith(f"| {start} |")]
     assert len(table) == 4 and table[0] == table[2]  # printed as it goes, then in the table; both rows the same
     assert table[0].split("|")[2].strip() == "8"  # the start's recorded algo.sft_lookahead
+    # --fresh: mazes from a sampler stream no run trains on, never an eval layout, the ceiling stated
+    monkeypatch.setattr(sys, "argv", ["reading.py", str(start), "--fresh", "3"])
+    reading.main()
+    out = capsys.readouterr().out
+    assert "reading, 3 fresh 9x9 mazes" in out and "the ceiling" in out
+    from itertools import islice
+
+    from maze import eval_layouts
+    from maze.sampler import TrainSampler
+    fresh = list(islice(TrainSampler(seed=reading.FRESH_SEED), 3))
+    assert not {m.layout_hash for m in fresh} & eval_layouts()
+    assert not {m.content_hash for m in fresh} & {m.content_hash for m in islice(TrainSampler(seed=0), 3000)}
     monkeypatch.setattr(sys, "argv", ["reading.py", str(start), str(tmp_path)])
     with pytest.raises(SystemExit, match=f"{tmp_path} is neither a policy directory"):
         reading.main()
