@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from conf.recorded import recorded
 from conf.schema import ConfigError, register, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,18 @@ def test_experiment_cpu_generalist_composes_and_trains_on_no_unseen_kind():
     assert all(m.size == 9 for m in mix if m.braid > 0 or m.placement != "corners4")
     assert (ROOT / cfg.model.path / "vlmaze_config.yaml").is_file()
     assert all(s.startswith("select") for s in cfg.trainer.eval_suites)  # chosen on the selection suites
+
+
+def test_experiment_cpu_reference_starts_from_a_committed_reading_stage():
+    """+experiment=cpu_reference is the default job's GRPO from a shipped start that SFT taught to name the pockets
+    (depth 8, the visual auxiliary target) on the observation the job plays, chosen on select64 before fixed64."""
+    cfg = _compose(["+experiment=cpu_reference"])
+    validate(cfg)  # refuses a start whose recorded observation differs from the job's
+    start = ROOT / cfg.model.path
+    assert (start / "config.json").is_file() and (start / "vlmaze_config.yaml").is_file()
+    algo = recorded(start, "algo")
+    assert algo["name"] == "sft" and algo["sft_lookahead"] == 8 and algo["sft_aux_weight"] > 0
+    assert cfg.algo.name == "grpo" and cfg.trainer.eval_suites[0] == "select64"
 
 
 def test_mistyped_key_and_unknown_option_and_bad_type_fail_at_compose():
