@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The start of +experiment=cpu_reference (checkpoints/tiny_sft_reference), in one command (~60 min on 2 cores):
+# The start of +experiment=cpu_reference (checkpoints/tiny_sft_reference), in one command (~65 min on 2 cores):
 # the default start's pocket stage (checkpoints/tiny_sft_pockets4: pocket thoughts at depth 8, the visual
 # auxiliary target, 4,096 steps = 8,192 mazes x 2) trained 6,144 steps longer, in two runs:
 #  1. 2,048 steps: a third pass over the pocket stage's own 8,192 mazes (trainer.seed=0 draws the same stream),
-#     lr 1e-3 on a cosine to 0 (~17 min);
-#  2. 4,096 steps: 16,384 new mazes once (trainer.seed=1), lr 5e-4 on a cosine to 0 (~40 min).
+#     lr 1e-3 on a cosine to 0 (~20 min);
+#  2. 4,096 steps: 16,384 new mazes once (trainer.seed=1), lr 5e-4 on a cosine to 0 (~44 min, building its 16,384 conversations included).
 # No second stage and no pick: this start already acts on what it reads (the default job's start is made not to,
 # sweeps/make_start.sh). Why these steps and not a deeper thought: results/reading_levers.md.
 #
