@@ -4,7 +4,8 @@
 # auxiliary target, 4,096 steps = 8,192 mazes x 2) trained 6,144 steps longer, in two runs:
 #  1. 2,048 steps: a third pass over the pocket stage's own 8,192 mazes (trainer.seed=0 draws the same stream),
 #     lr 1e-3 on a cosine to 0 (~20 min);
-#  2. 4,096 steps: 16,384 new mazes once (trainer.seed=1), lr 5e-4 on a cosine to 0 (~44 min, building its 16,384 conversations included).
+#  2. 4,096 steps: 16,384 new mazes once (trainer.seed=1), lr 5e-4 on a cosine to 0 (~44 min, building the
+#     conversations included).
 # No second stage and no pick: this start already acts on what it reads (the default job's start is made not to,
 # sweeps/make_start.sh). Why these steps and not a deeper thought: results/reading_levers.md.
 #
