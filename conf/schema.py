@@ -213,8 +213,10 @@ GROUPS = {"model": ModelConfig, "env": EnvConfig, "algo": AlgoConfig, "reward": 
 
 
 def short_name(text: str, limit: int = 120) -> str:
-    """A file-name-safe length for a sweep job's dir name: long override lists keep their start and a hash."""
-    text = str(text)
+    """A file-name-safe sweep job's dir name: one directory, not a tree (a path value such as
+    ``model.path=outputs/x/policy`` has its ``/`` replaced by ``_``), and long override lists keep their start
+    and a hash of the whole."""
+    text = str(text).replace("/", "_")
     if len(text) <= limit:
         return text
     return f"{text[:limit - 9]}~{hashlib.sha1(text.encode()).hexdigest()[:8]}"

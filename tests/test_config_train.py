@@ -141,6 +141,18 @@ def test_config_error_is_one_line_before_any_heavy_work():
     assert lines == ["config error: algo.group_size=1 with algo.norm_adv_by_std=true: a group of one has no std"]
 
 
+def test_a_sweep_over_a_path_key_makes_one_dir_per_job(tmp_path):
+    """A multirun whose overrides hold a path (``model.path=checkpoints/tiny_sft``) puts each job in one directory
+    directly under the sweep dir, where sweeps/study.py --seeds looks, not in a tree spelled by the path."""
+    proc = _run(["-m", "model.path=checkpoints/tiny_sft", "trainer.seed=0,1", "dry_run=true",
+                 f"hydra.sweep.dir={tmp_path}"], env_extra={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert jobs == ["0_model.path=checkpoints_tiny_sft,trainer.seed=0",
+                    "1_model.path=checkpoints_tiny_sft,trainer.seed=1"], jobs
+    assert all((tmp_path / j / ".hydra" / "config.yaml").is_file() for j in jobs)
+
+
 def _plan_line(out: str, phase: str) -> dict[str, float]:
     line = next(ln for ln in out.splitlines() if ln.strip().startswith(phase + " "))
     parts = [x.strip() for x in line.strip()[len(phase):].split("=")[0].split(" + ")]
