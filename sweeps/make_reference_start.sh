@@ -9,23 +9,26 @@
 # No second stage and no pick: this start already acts on what it reads (the default job's start is made not to,
 # sweeps/make_start.sh). Why these steps and not a deeper thought: results/reading_levers.md.
 #
-#   bash sweeps/make_reference_start.sh [OUT [FROM]]   # OUT defaults to outputs/reference_start; the start lands
-#                                                       # in OUT/start; FROM defaults to checkpoints/tiny_sft_pockets4
+#   bash sweeps/make_reference_start.sh [OUT [FROM [KEY=VALUE ...]]]   # OUT defaults to outputs/reference_start;
+#       the start lands in OUT/start; FROM defaults to checkpoints/tiny_sft_pockets4; KEY=VALUEs go to both runs
+#       (sweeps/make_start.sh passes its env keys: the observation FROM was trained on).
+# It is stage 2 of sweeps/make_start.sh, which makes the default start from this one.
 # Each run resumes from its last checkpoint (trainer.resume=auto), so a rerun after an interruption continues.
 set -euo pipefail
 out=$(realpath -m "${1:-outputs/reference_start}")
 from=$(realpath -m "${2:-checkpoints/tiny_sft_pockets4}")
+shift $(( $# > 1 ? 2 : $# ))
 cd "$(dirname "$0")/.."
 [[ -f $from/config.json ]] || { echo "make_reference_start: $from holds no policy (no config.json)" >&2; exit 1; }
 t0=$SECONDS
 python train.py algo=sft model.path="$from" algo.sft_lookahead=8 algo.sft_mazes=8192 algo.sft_epochs=1 \
     algo.lr=1e-3 algo.sft_aux_weight=1 trainer.eval_every=512 'trainer.eval_suites=[select64]' \
-    trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/longer1"
+    trainer.save_every=512 trainer.keep_last=10 hydra.run.dir="$out/longer1" "$@"
 echo "run 1 (2,048 steps): $((SECONDS - t0)) s"
 python train.py algo=sft model.path="$out/longer1/checkpoints/step_2048/policy" algo.sft_lookahead=8 \
     algo.sft_mazes=16384 algo.sft_epochs=1 algo.lr=5e-4 algo.sft_aux_weight=1 trainer.seed=1 \
     trainer.eval_every=1024 'trainer.eval_suites=[select64]' trainer.save_every=1024 trainer.keep_last=10 \
-    hydra.run.dir="$out/longer2"
+    hydra.run.dir="$out/longer2" "$@"
 rm -rf "$out/start"
 cp -r "$out/longer2/checkpoints/step_4096/policy" "$out/start"
 echo "start: $out/start ($((SECONDS - t0)) s in all); use it with: python train.py +experiment=cpu_reference model.path=$out/start"

@@ -116,6 +116,23 @@ def test_pick_start_draws_groups_from_the_recorded_training_distribution(tmp_pat
     assert sizes == {7, 13}
 
 
+def test_pick_start_admits_the_default_start_and_prefers_the_greedy_rate_nearest_the_target():
+    """The pick's rule at its defaults, on stage 3's measured rows for the committed start (greedy select64 0.469 /
+    0.484, mixed groups 0.250 / 0.281 at steps 128 / 256): it keeps step 128, the one GRPO lifted; a run whose
+    groups are mixed less often than the bar gets nothing, and a tie goes to the earlier step."""
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    from pick_start import choose, parser
+
+    args = parser().parse_args(["run"])
+    rows = [(Path("run/checkpoints/step_128"), {"greedy": 0.469, "mixed": 0.250}),
+            (Path("run/checkpoints/step_256"), {"greedy": 0.484, "mixed": 0.281})]
+    assert choose(rows, args.target, args.min_mixed) == rows[0][0]
+    assert choose([(c, {**m, "mixed": 0.219}) for c, m in rows], args.target, args.min_mixed) is None
+    tie = [(Path("run/checkpoints/step_256"), {"greedy": 0.5, "mixed": 0.5}),
+           (Path("run/checkpoints/step_128"), {"greedy": 0.5, "mixed": 0.5})]
+    assert choose(tie, args.target, args.min_mixed) == Path("run/checkpoints/step_128")
+
+
 def test_slurm_multirun_dry_run_writes_job_scripts(tmp_path):
     """cluster=slurm composes with the submitit launcher config, and a dry-run multirun writes one sbatch
     script per job with submitit's generator (no Slurm here, so nothing is submitted)."""
