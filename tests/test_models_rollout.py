@@ -281,6 +281,22 @@ def test_random_start_moves_the_start_to_a_floor_cell_of_a_training_layout():
     assert len(starts) > 4
 
 
+def test_a_cached_batch_can_drop_every_row(tiny):
+    """When every live row of a batch is cut at a stop string spelled in other tokens (the cache then holds tokens
+    past the cut), the turn keeps none of them: selecting no rows must leave an empty batch (dropped before the next
+    turn), not fail. A 17x17 evaluation of a GRPO end hit it: ``index_select(): Expected dtype int32 or int64``,
+    from an index built of an empty list."""
+    model, processor = tiny
+    engine = HFEngine(model, processor)
+    rollout(engine, processor, maze.TrainSampler(seed=3).take(2), 1, EnvSettings(max_turns=2),
+            SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
+    batch = engine._batches[0]
+    assert len(batch.keys) == 2 and batch.cache.get_seq_length() > 0
+    batch.select([])
+    assert batch.keys == [] and batch.mask.shape[0] == 0 and batch.next_pos.shape == (0,)
+    assert batch.cache.get_seq_length() > 0 and batch.cache.layers[0].keys.shape[0] == 0
+
+
 def test_kv_cache_kept_across_turns_gives_the_re_prefill_paths_episodes_and_logprobs():
     """The shipped SFT start, 12-turn episodes: keeping each episode's KV cache (prefilling only each turn's new
     tokens) gives the re-prefill path's greedy episodes token for token, the same sampled episodes from the same

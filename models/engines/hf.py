@@ -121,7 +121,7 @@ class _Batch:
     next_pos: torch.Tensor  # (R,) long: the row's next text position (largest position so far + 1)
 
     def select(self, rows: list[int]) -> None:
-        idx = torch.tensor(rows, device=self.mask.device)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)  # long even when rows == []
         self.cache.reorder_cache(idx)
         self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
         self.keys = [self.keys[r] for r in rows]
