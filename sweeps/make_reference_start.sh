@@ -9,15 +9,18 @@
 # No second stage and no pick: this start already acts on what it reads (the default job's start is made not to,
 # sweeps/make_start.sh). Why these steps and not a deeper thought: results/reading_levers.md.
 #
-#   bash sweeps/make_reference_start.sh [OUT [FROM [KEY=VALUE ...]]]   # OUT defaults to outputs/reference_start;
-#       the start lands in OUT/start; FROM defaults to checkpoints/tiny_sft_pockets4; KEY=VALUEs go to both runs
-#       (sweeps/make_start.sh passes its env keys: the observation FROM was trained on).
+#   bash sweeps/make_reference_start.sh [OUT [FROM [ENV_KEY=VALUE ...]]]   # OUT defaults to outputs/reference_start;
+#       the start lands in OUT/start; FROM defaults to checkpoints/tiny_sft_pockets4; env keys (env=..., env.*=...:
+#       the observation and distribution FROM was trained on; sweeps/make_start.sh passes its own) go to both runs.
 # It is stage 2 of sweeps/make_start.sh, which makes the default start from this one.
 # Each run resumes from its last checkpoint (trainer.resume=auto), so a rerun after an interruption continues.
 set -euo pipefail
 out=$(realpath -m "${1:-outputs/reference_start}")
 from=$(realpath -m "${2:-checkpoints/tiny_sft_pockets4}")
 shift $(( $# > 1 ? 2 : $# ))
+for kv in "$@"; do  # the runs' lengths and seeds are the recipe: only the environment may change
+    [[ $kv == env=* || $kv == env.* ]] || { echo "make_reference_start: only env keys may follow FROM ($kv)" >&2; exit 2; }
+done
 cd "$(dirname "$0")/.."
 [[ -f $from/config.json ]] || { echo "make_reference_start: $from holds no policy (no config.json)" >&2; exit 1; }
 t0=$SECONDS

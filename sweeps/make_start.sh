@@ -3,7 +3,9 @@
 #
 #   bash sweeps/make_start.sh [--skip-longer] [OUT [KEY=VALUE ...]]
 #       OUT defaults to outputs/tiny_start; the start lands in OUT/start. KEY=VALUEs go to stage 1 (a reading
-#       lever); the env ones (env=..., env.*=...) to every later stage as well. --skip-longer leaves out stage 2.
+#       lever); the env ones (env=..., env.*=...) to every later stage as well, the others to stage 1 only: stage 2
+#       runs its own fixed recipe on top, so a lever measured through the whole start wants --skip-longer (or the
+#       same keys given to make_reference_start.sh's runs by hand). --skip-longer leaves out stage 2.
 #
 # The generalist's start (+experiment=cpu_generalist, checkpoints/tiny_sft_mix) is stage 1 continued from the
 # 9x9 pocket stage on the training mixture conf/env/maze_mix.yaml, then stages 3 and 4 on that mixture (~41 min):
@@ -28,14 +30,17 @@
 # Each stage resumes from its last checkpoint (trainer.resume=auto), so a rerun after an interruption continues.
 set -euo pipefail
 longer=1
-if [[ ${1:-} == --skip-longer ]]; then longer=0; shift; fi
+args=()
+for a in "$@"; do if [[ $a == --skip-longer ]]; then longer=0; else args+=("$a"); fi; done
+set -- ${args[@]+"${args[@]}"}
+[[ ${1:-} == *=* ]] && { echo "make_start: the first argument is OUT, not a KEY=VALUE ($1)" >&2; exit 2; }
 out=$(realpath -m "${1:-outputs/tiny_start}")
 shift $(( $# > 0 ? 1 : 0 ))
 cd "$(dirname "$0")/.."
-last_policy() {  # the policy of a run's last checkpoint
+last_policy() {  # the policy of a run's last checkpoint (use as a plain assignment, x=$(...), so a failure stops)
     local n=-1 d s
     for d in "$1"/checkpoints/step_*/; do s=${d%/}; s=${s##*step_}; [[ $s =~ ^[0-9]+$ ]] && (( s > n )) && n=$s; done
-    [[ -d $1/checkpoints/step_$n/policy ]] || { echo "make_start: $1 left no checkpoint" >&2; exit 1; }
+    [[ -d $1/checkpoints/step_$n/policy ]] || { echo "make_start: $1 left no checkpoint" >&2; return 1; }
     echo "$1/checkpoints/step_$n/policy"
 }
 env_keys=()  # the training distribution and observation: every stage reads what stage 1 read
