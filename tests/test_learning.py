@@ -6,7 +6,7 @@ by more than random variation reaches, and the same run with the advantages' sig
     python -m pytest -q -m slow tests/test_learning.py     # 2 x the default job, ~18 min on 2 cores
 
 The margin is two standard errors of the difference of two independent proportions at the start's
-rate on 64 mazes (0.174 at the shipped start's 0.406): a change of the policy that does not help
+rate on 64 mazes (0.177 at the shipped start's 0.484): a change of the policy that does not help
 would have to be lucky on the fixed set at the 2-sigma level to pass. Exporting
 ``VLMAZE_FAULTS=flip_advantage@all`` makes the first test fail (the closing note shows it).
 """
